@@ -1,0 +1,54 @@
+"""Every schema field as a Hydra defaults node, so any field can be overridden without `+`.
+
+Hydra refuses `key=value` for a key its composed config lacks. A pipeline YAML lists
+`<name>_schema` first in its defaults list; that node holds every field of the pipeline's schema
+with its default, roles included, and the YAML then sets what it needs. A role the YAML does not
+use is set to `null` there. Strictness stays with `roll.configs.loader`: this node only supplies
+keys, it does not validate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Union
+
+from hydra.core.config_store import ConfigStore
+
+
+def schema_defaults(schema: type, instance: Any = None) -> dict[str, Any]:
+    """Defaults of `schema` (or the values of `instance`) as plain data, nested dataclasses expanded.
+
+    A field typed as an optional dataclass whose default is None is expanded with that dataclass's
+    own defaults, so its keys exist for overrides.
+    """
+    instance = schema() if instance is None else instance
+    hints = typing.get_type_hints(schema)
+    defaults: dict[str, Any] = {}
+    for f in dataclasses.fields(schema):
+        if not f.init:
+            continue
+        value = getattr(instance, f.name)
+        nested = _dataclass_in(hints[f.name])
+        if nested is None:
+            defaults[f.name] = value
+        else:
+            defaults[f.name] = schema_defaults(nested, value if isinstance(value, nested) else None)
+    return defaults
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        found = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        return found[0] if found else None
+    return None
+
+
+def register_schema_defaults(config_name: str, schema: type) -> str:
+    """Store `schema`'s defaults in Hydra's ConfigStore as `<config_name>_schema`; return that name."""
+    node_name = f"{config_name}_schema"
+    ConfigStore.instance().store(name=node_name, node=schema_defaults(schema))
+    return node_name

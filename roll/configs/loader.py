@@ -1,0 +1,48 @@
+"""From a Hydra-composed config to a validated pipeline dataclass, in one call at the entry point."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from roll.configs.base_config import PipelineConfig
+from roll.configs.schema import ConfigError, from_dict
+
+P = TypeVar("P", bound=PipelineConfig)
+_INTERPOLATION_ROOT = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
+
+
+def yaml_names(config_dirs: Iterable[str | Path]) -> set[str]:
+    """Names of the YAML files in `config_dirs`: the shared blocks a pipeline may pull in."""
+    return {p.stem for d in config_dirs for p in Path(d).glob("*.yaml")}
+
+
+def load_pipeline_config(cfg: DictConfig | dict[str, Any], schema: type[P], block_names: Iterable[str] = ()) -> P:
+    """Resolve interpolations, convert strictly to `schema`, validate; raise ConfigError on bad input.
+
+    Top-level mappings that are not schema fields are shared blocks (such as those pulled in from
+    `examples/config/deepspeed_zero*.yaml` and referenced as `strategy_config: ${deepspeed_zero3}`)
+    when something references them or their name is in `block_names` (the YAML files beside the
+    pipeline's). Any other unknown top-level key is an error.
+    """
+    cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot resolve the config: {exc}".splitlines()[0]) from exc
+    schema_fields = set(schema.__dataclass_fields__)
+    known_blocks = set(_INTERPOLATION_ROOT.findall(str(raw))) | set(block_names)
+    shared_blocks = {
+        key
+        for key, value in resolved.items()
+        if key not in schema_fields and key in known_blocks and isinstance(value, dict)
+    }
+    config = from_dict(schema, {k: v for k, v in resolved.items() if k not in shared_blocks})
+    config.validate()
+    return config

@@ -1,0 +1,144 @@
+"""A role as a group of Ray actors, with the worker's registered methods as cluster methods."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from roll.configs.worker_config import WorkerConfig
+from roll.distributed.executor.worker import Worker
+from roll.distributed.scheduler.decorator import DISPATCH_ATTR, Dispatch, collect_results, dispatch_args
+from roll.distributed.scheduler.rank_layout import RankInfo
+from roll.distributed.scheduler.resource_manager import ResourceManager
+
+
+class ClusterFuture:
+    """The pending result of a non-blocking cluster call; `get()` waits and collects it."""
+
+    def __init__(self, refs: list[ray.ObjectRef], collect: Callable[[list[Any]], Any]) -> None:
+        self.refs = refs
+        self._collect = collect
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for every called rank and combine their results as the dispatch mode says."""
+        return self._collect(ray.get(self.refs, timeout=timeout))
+
+
+def resolve_worker_cls(worker_cls: type[Worker] | str) -> type[Worker]:
+    """The Worker class itself, or the one a dotted path `package.module.Class` names."""
+    if isinstance(worker_cls, type):
+        return worker_cls
+    module_name, _, class_name = worker_cls.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"worker_cls {worker_cls!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise ValueError(f"worker_cls {worker_cls!r} is not a subclass of roll Worker")
+    return cls
+
+
+class Cluster:
+    """`worker_config.world_size` actors of `worker_cls`, one per rank, placed by `resource_manager`.
+
+    Every method of the worker marked with `@register(mode)` becomes a method of the cluster with
+    the same name: `cluster.compute_log_probs(batch)` fans out as `mode` says and returns the
+    collected result; `blocking=False` returns a ClusterFuture instead.
+    """
+
+    def __init__(
+        self,
+        worker_cls: type[Worker] | str,
+        worker_config: WorkerConfig,
+        resource_manager: ResourceManager | None,
+    ) -> None:
+        self.name = worker_config.name
+        self.worker_cls = resolve_worker_cls(worker_cls)
+        self.worker_config = worker_config
+        self.world_size = worker_config.world_size or 1
+        self.workers: list[ray.actor.ActorHandle] = []
+        self._rank_infos: list[RankInfo] | None = None
+        self._start_workers(resource_manager)
+        self._bind_registered_methods()
+
+    def _start_workers(self, resource_manager: ResourceManager | None) -> None:
+        config = self.worker_config
+        remote_cls = ray.remote(self.worker_cls)
+        if config.devices:
+            if resource_manager is None:
+                raise ValueError(f"{self.name} has a device_mapping but no ResourceManager was given")
+            placements = resource_manager.place(config.devices, config.num_devices_per_worker)
+            threads = resource_manager.threads_per_worker(config.num_devices_per_worker)
+            platform = resource_manager.platform
+            options = [p.ray_options for p in placements]
+            local_ranks = [0] * len(placements)  # each worker sees only its own devices
+            device_env = [platform.visible_devices_environ(p.local_devices) for p in placements]
+            if platform.visible_devices_env:
+                # roll, not Ray, decides which devices a worker sees.
+                for env in device_env:
+                    env["RAY_EXPERIMENTAL_NOSET_" + platform.visible_devices_env] = "1"
+        else:
+            threads = max(1, int(config.num_cpus_per_worker))
+            options = [{"num_cpus": config.num_cpus_per_worker}] * self.world_size
+            local_ranks = [0] * self.world_size
+            device_env = [{} for _ in range(self.world_size)]
+        master_addr, master_port = "", 0
+        for rank in range(self.world_size):
+            env = {
+                **config.env_vars,
+                **device_env[rank],
+                "RANK": str(rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": str(local_ranks[rank]),
+                "ROLL_NUM_THREADS": str(threads),
+                "OMP_NUM_THREADS": str(threads),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+            }
+            actor = remote_cls.options(
+                name=f"{self.name}-{rank}-{id(self):x}",
+                runtime_env={"env_vars": env},
+                **options[rank],
+            ).remote(config)
+            self.workers.append(actor)
+            if rank == 0:
+                # Rank 0 hosts the rendezvous: its address and a free port become every rank's master.
+                master_addr, master_port = ray.get(actor.node_address_and_free_port.remote())
+                ray.get(actor.set_master.remote(master_addr, master_port))
+
+    def _bind_registered_methods(self) -> None:
+        for name, member in inspect.getmembers(self.worker_cls, inspect.isfunction):
+            mode = getattr(member, DISPATCH_ATTR, None)
+            if mode is not None:
+                setattr(self, name, functools.partial(self.call, name, mode))
+
+    @property
+    def rank_infos(self) -> list[RankInfo]:
+        """Every rank's coordinates, asked once from the workers (strategies may set them)."""
+        if self._rank_infos is None:
+            self._rank_infos = ray.get([w.get_rank_info.remote() for w in self.workers])
+        return self._rank_infos
+
+    def call(self, method: str, mode: Dispatch, *args: Any, blocking: bool = True, **kwargs: Any) -> Any:
+        """Run worker `method` on the ranks `mode` picks; return the result or, non-blocking, a future."""
+        ranks = (
+            self.rank_infos
+            if mode is Dispatch.DP_COMPUTE
+            else [RankInfo(rank=r, dp_rank=r, dp_size=self.world_size) for r in range(self.world_size)]
+        )
+        calls = dispatch_args(mode, ranks, args, kwargs)
+        refs = [getattr(self.workers[rank], method).remote(*a, **kw) for rank, a, kw in calls]
+        called = [rank for rank, _, _ in calls]
+        future = ClusterFuture(refs, functools.partial(collect_results, mode, ranks, called))
+        return future.get() if blocking else future
+
+    def shutdown(self) -> None:
+        """Kill every actor of the role."""
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        self.workers.clear()

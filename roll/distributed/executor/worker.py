@@ -1,0 +1,70 @@
+"""The base class of every role's Ray actor: rank environment, thread cap, rank coordinates."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from roll.configs.worker_config import WorkerConfig
+from roll.distributed.scheduler.decorator import Dispatch, register
+from roll.distributed.scheduler.rank_layout import RankInfo
+from roll.platforms import current_platform
+
+
+class Worker:
+    """One rank of a role. Subclasses add `@register`-ed methods; the Cluster exposes them.
+
+    The Cluster starts each worker with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and
+    ROLL_NUM_THREADS in its environment, so `torch.distributed` (or DeepSpeed) can initialise
+    from the environment. A strategy that shards over tensor or pipeline ranks sets `rank_info`
+    during initialisation.
+    """
+
+    def __init__(self, worker_config: WorkerConfig) -> None:
+        import torch
+
+        self.worker_config = worker_config
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.platform = current_platform()
+        self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
+        torch.set_num_threads(int(os.environ.get("ROLL_NUM_THREADS", "1")))
+        self.logger = logging.getLogger(f"roll.{worker_config.name}.rank{self.rank}")
+
+    @staticmethod
+    def node_address_and_free_port() -> tuple[str, int]:
+        """This node's IP address and a TCP port free at the moment of asking (for MASTER_ADDR/PORT)."""
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def set_master(self, address: str, port: int) -> None:
+        """Record the rendezvous address; rank 0 learns it only after it has started."""
+        os.environ["MASTER_ADDR"] = address
+        os.environ["MASTER_PORT"] = str(port)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def get_rank_info(self) -> RankInfo:
+        """This rank's data/tensor/pipeline coordinates."""
+        return self.rank_info
+
+    @register(Dispatch.ONE_TO_ALL)
+    def describe(self) -> dict[str, object]:
+        """Where this rank runs: host, pid, device, visible devices and thread cap."""
+        import torch
+
+        env = self.platform.visible_devices_env
+        return {
+            "role": self.worker_config.name,
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": self.platform.device_name(self.local_rank),
+            "visible_devices": os.environ.get(env, "") if env else "",
+            "threads": torch.get_num_threads(),
+        }

@@ -1,0 +1,87 @@
+"""`@register` and the dispatch modes that turn a worker method into a cluster method.
+
+A dispatch mode says how one driver call fans out to the ranks of a cluster and how their results
+come back: the same arguments to every rank, a DataProto split by data-parallel rank, rank 0 only,
+or one argument per rank.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.rank_layout import RankInfo
+
+F = TypeVar("F", bound=Callable[..., Any])
+DISPATCH_ATTR = "_roll_dispatch_mode"
+
+
+class Dispatch(enum.Enum):
+    """How a cluster method distributes its arguments and collects results."""
+
+    ONE_TO_ALL = "one_to_all"  # same arguments to every rank; a list of every rank's result
+    DP_COMPUTE = "dp_compute"  # DataProto arguments split by dp rank; results of dp-group leads, concatenated
+    RANK0 = "rank0"  # only rank 0 runs; its result
+    ALL_TO_ALL = "all_to_all"  # each argument is a list with one entry per rank; a list of results
+
+
+def register(dispatch_mode: Dispatch = Dispatch.ONE_TO_ALL) -> Callable[[F], F]:
+    """Mark a Worker method as callable on the whole cluster with `dispatch_mode`."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, DISPATCH_ATTR, dispatch_mode)
+        return fn
+
+    return mark
+
+
+def dispatch_args(mode: Dispatch, ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
+    """Per-rank `(rank, args, kwargs)` for one cluster call; ranks not listed are not called."""
+    if mode is Dispatch.RANK0:
+        return [(0, args, kwargs)]
+    if mode is Dispatch.ONE_TO_ALL:
+        return [(r.rank, args, kwargs) for r in ranks]
+    if mode is Dispatch.ALL_TO_ALL:
+        world = len(ranks)
+        for value in (*args, *kwargs.values()):
+            if not isinstance(value, list | tuple) or len(value) != world:
+                raise ValueError(f"ALL_TO_ALL needs every argument as a list of {world} per-rank values")
+        return [(r.rank, tuple(a[r.rank] for a in args), {k: v[r.rank] for k, v in kwargs.items()}) for r in ranks]
+    dp_size = ranks[0].dp_size
+    split_args = [_split_for_dp(a, dp_size) for a in args]
+    split_kwargs = {k: _split_for_dp(v, dp_size) for k, v in kwargs.items()}
+    return [
+        (
+            r.rank,
+            tuple(a[r.dp_rank] for a in split_args),
+            {k: v[r.dp_rank] for k, v in split_kwargs.items()},
+        )
+        for r in ranks
+    ]
+
+
+def _split_for_dp(value: Any, dp_size: int) -> list[Any]:
+    if not isinstance(value, DataProto):
+        return [value] * dp_size
+    if len(value) % dp_size:
+        raise ValueError(
+            f"a batch of {len(value)} does not split over {dp_size} data-parallel ranks; "
+            f"pad it with DataProto.pad_to_divisor({dp_size}) or fix the batch size in the config"
+        )
+    return value.chunk(dp_size)
+
+
+def collect_results(mode: Dispatch, ranks: list[RankInfo], called: list[int], results: list[Any]) -> Any:
+    """Combine the results of the ranks in `called` (same order) the way `mode` promises."""
+    if mode is Dispatch.RANK0:
+        return results[0]
+    if mode is not Dispatch.DP_COMPUTE:
+        return results
+    by_rank = dict(zip(called, results, strict=True))
+    leads = sorted((r for r in ranks if r.is_dp_lead), key=lambda r: r.dp_rank)
+    outputs = [by_rank[r.rank] for r in leads]
+    if outputs and all(isinstance(o, DataProto) for o in outputs):
+        return DataProto.concat(outputs)
+    return outputs

@@ -1,0 +1,60 @@
+"""What every pipeline does before its own loop: connect to Ray, reserve devices, start roles."""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+
+from roll.configs.base_config import PipelineConfig
+from roll.configs.schema import ConfigError
+from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.initialize import init_ray
+from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.platforms import PLATFORM_ENV, get_platform
+
+
+class BasePipeline(ABC):
+    """Owns the Ray connection, the device reservation and the role clusters of one run."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.platform = get_platform(config.platform)
+        os.environ[PLATFORM_ENV] = self.platform.name
+        address = config.ray_address or os.environ.get("RAY_ADDRESS")
+        if config.num_nodes > 1 and not address:
+            raise ConfigError(
+                f"num_nodes={config.num_nodes} needs an existing Ray cluster: set ray_address=<head>:6379 "
+                "or RAY_ADDRESS (an embedded Ray has one node)"
+            )
+        init_ray(address, config.ray_namespace, self._embedded_ray_cpus(), self.platform.name)
+        self.resource_manager = ResourceManager(
+            self.platform, config.num_nodes, config.devices_per_node or 1, config.cpus_per_device
+        )
+        self.clusters: dict[str, Cluster] = {}
+
+    def _embedded_ray_cpus(self) -> int:
+        # Device slots, plus room for roles placed outside them (e.g. CPU reward workers).
+        config = self.config
+        free_roles = sum(
+            role.num_cpus_per_worker * (role.world_size or 1) for role in config.roles().values() if not role.devices
+        )
+        return config.total_devices * config.cpus_per_device + math.ceil(free_roles)
+
+    def start_cluster(self, role_name: str) -> Cluster:
+        """Start the workers of role `role_name` as configured and remember the cluster."""
+        role = self.config.roles()[role_name]
+        cluster = Cluster(role.worker_cls, role, self.resource_manager)
+        self.clusters[role_name] = cluster
+        return cluster
+
+    @abstractmethod
+    def run(self) -> None:
+        """The pipeline's driver loop."""
+
+    def shutdown(self) -> None:
+        """Stop every role and release the devices."""
+        for cluster in self.clusters.values():
+            cluster.shutdown()
+        self.clusters.clear()
+        self.resource_manager.destroy()

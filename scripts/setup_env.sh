@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Creates .venv and installs roll into it, once: a stamp holding the hash of the requirement files
+# makes later calls return at once until a requirement changes. Sourced by run.sh and test.sh.
+#   ROLL_VENV   where the virtual environment lives (default: <repo>/.venv)
+#   ROLL_PYTHON the interpreter that creates it (default: python3)
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${ROLL_VENV:-$repo_root/.venv}"
+python_bin="${ROLL_PYTHON:-python3}"
+requirement_files=(requirements_torch.txt requirements_common.txt requirements_dev.txt pyproject.toml)
+
+stamp_value="$(cd "$repo_root" && cat "${requirement_files[@]}" | sha256sum | cut -d' ' -f1)"
+stamp_file="$venv/.roll-install-stamp"
+
+if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_value" ]]; then
+  return 0 2>/dev/null || exit 0
+fi
+
+echo "[roll] installing into $venv (first run, or a requirement changed) ..." >&2
+[[ -x "$venv/bin/python" ]] || "$python_bin" -m venv "$venv"
+pip_install() {
+  # pip's find-links / extra-index entries for directories absent on this machine are noise.
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q "$@" 2>&1 \
+    | grep -v "is neither a file nor a directory" || true
+  return "${PIPESTATUS[0]}"
+}
+find_links=()
+[[ -d /opt/wheels ]] && find_links=(--find-links /opt/wheels)
+
+cd "$repo_root"
+pip_install "${find_links[@]}" setuptools wheel
+pip_install "${find_links[@]}" -r requirements_torch.txt
+pip_install "${find_links[@]}" --no-build-isolation -r requirements_common.txt -r requirements_dev.txt
+pip_install --no-build-isolation --no-deps -e .
+# torchvision/torchaudio/torchcodec from PyPI break next to the CPU torch (torchvision::nms missing,
+# then transformers cannot import its models): roll uses none of them.
+"$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"$venv/bin/python" - <<'PY'
+import torch, deepspeed, ray, transformers, hydra  # noqa: F401  (fail here, not in the first job)
+print(f"[roll] torch {torch.__version__}, deepspeed {deepspeed.__version__}, ray {ray.__version__}, "
+      f"transformers {transformers.__version__}")
+PY
+echo "$stamp_value" > "$stamp_file"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's test command: installs what it needs on first use, lints, then runs the test suite.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` or `-k protocol`.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$repo_root/scripts/setup_env.sh"
+source "$repo_root/scripts/cpu_env.sh"
+cd "$repo_root"
+"$venv/bin/ruff" check roll tests examples scripts
+"$venv/bin/ruff" format --check roll tests examples scripts
+exec "$venv/bin/python" -m pytest "$@"

@@ -1,0 +1,51 @@
+"""Worker classes used by the cluster tests; Ray workers import them by module path."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from roll.distributed.executor.worker import Worker
+from roll.distributed.scheduler.decorator import Dispatch, register
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.rank_layout import rank_layout
+
+
+class EchoWorker(Worker):
+    """Reports its environment and transforms DataProto shards."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def environment(self) -> dict[str, str]:
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ROLL_PLATFORM")
+        return {k: os.environ.get(k, "") for k in keys} | {"threads": str(torch.get_num_threads())}
+
+    @register(Dispatch.DP_COMPUTE)
+    def add_rank(self, batch: DataProto, offset: int = 0) -> DataProto:
+        x = batch.batch["x"]
+        return DataProto.from_dict(
+            tensors={"x": x, "y": x * 10 + offset, "rank": torch.full_like(x, self.rank)},
+            non_tensors={"tag": [f"r{self.rank}"] * len(x)},
+        )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sleep_then_rank(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    @register(Dispatch.RANK0)
+    def whoami(self) -> int:
+        return self.rank
+
+    @register(Dispatch.ALL_TO_ALL)
+    def square(self, value: int) -> int:
+        return value * value
+
+
+class TensorParallelEchoWorker(EchoWorker):
+    """Pretends ranks pair up in tensor-parallel groups of 2, as a sharded strategy would."""
+
+    def __init__(self, worker_config) -> None:
+        super().__init__(worker_config)
+        self.rank_info = rank_layout(self.world_size, tp_size=2)[self.rank]

@@ -1,0 +1,34 @@
+"""Shared fixtures: one embedded Ray for the whole session, sized for CPU device slots."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "examples" / "config"
+
+# Ray workers import test-defined Worker classes as `tests.<module>`; they inherit this environment.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# Logical CPUs of the test Ray: room for two reservations of device slots and device-less workers. They
+# exceed the 2 physical cores on purpose; workers cap their own threads.
+RAY_TEST_CPUS = 8
+TEST_DEVICES = 4
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """An embedded Ray shared by every test that needs one."""
+    import ray
+
+    from roll.distributed.scheduler.initialize import init_ray
+
+    init_ray(None, "roll-tests", RAY_TEST_CPUS, "cpu")
+    yield
+    ray.shutdown()

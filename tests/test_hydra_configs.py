@@ -1,0 +1,119 @@
+"""Every YAML under examples/config composes with Hydra and validates against its schema."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from roll.configs.hydra_defaults import register_schema_defaults
+from roll.configs.loader import load_pipeline_config, yaml_names
+from roll.configs.schema import ConfigError
+from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from tests.conftest import CONFIG_DIR, REPO_ROOT
+
+DEEPSPEED_BLOCKS = sorted(p.stem for p in CONFIG_DIR.glob("deepspeed_zero*.yaml"))
+EXPECTED_STAGES = {
+    "deepspeed_zero": 0,
+    "deepspeed_zero2": 2,
+    "deepspeed_zero2_cpuoffload": 2,
+    "deepspeed_zero3": 3,
+    "deepspeed_zero3_cpuoffload": 3,
+}
+
+PIPELINE_SCHEMAS = {"cluster_check": ClusterCheckConfig}
+
+
+def compose_config(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> DictConfig:
+    for pipeline, schema in PIPELINE_SCHEMAS.items():
+        register_schema_defaults(pipeline, schema)
+    searchpath = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir != CONFIG_DIR else []
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name=name, overrides=searchpath + (overrides or []))
+
+
+def test_the_five_deepspeed_blocks_exist() -> None:
+    assert sorted(EXPECTED_STAGES) == DEEPSPEED_BLOCKS
+
+
+@pytest.mark.parametrize("block", DEEPSPEED_BLOCKS)
+def test_deepspeed_block_composes_and_is_referenced_per_role(block: str) -> None:
+    overrides = [
+        "platform=cpu",
+        "devices_per_node=2",
+        "actor_infer=null",
+        "actor_train.strategy_args.strategy_name=deepspeed_train",
+        f"actor_train.strategy_args.strategy_config=${{{block}}}",
+    ]
+    cfg = compose_config("all_deepspeed_blocks", overrides, config_dir=REPO_ROOT / "tests" / "configs")
+    config = load_pipeline_config(cfg, ClusterCheckConfig, yaml_names([CONFIG_DIR]))
+    strategy = config.actor_train.strategy_args
+    assert strategy is not None and strategy.strategy_name == "deepspeed_train"
+    assert strategy.strategy_config["zero_optimization"]["stage"] == EXPECTED_STAGES[block]
+    offload = strategy.strategy_config["zero_optimization"].get("offload_optimizer", {}).get("device")
+    assert (offload == "cpu") == block.endswith("cpuoffload")
+
+
+def test_every_yaml_is_a_block_or_a_known_pipeline() -> None:
+    names = {p.stem for p in CONFIG_DIR.glob("*.yaml")}
+    assert names == set(DEEPSPEED_BLOCKS) | set(PIPELINE_SCHEMAS)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE_SCHEMAS))
+def test_every_pipeline_yaml_validates(name: str) -> None:
+    config = load_pipeline_config(compose_config(name, ["devices_per_node=2"]), PIPELINE_SCHEMAS[name])
+    assert config.roles(), f"{name} declares no role"
+    for role in config.roles().values():
+        assert role.world_size and role.world_size >= 1
+
+
+def test_any_schema_field_overrides_without_plus() -> None:
+    overrides = ["platform=cpu", "devices_per_node=2", "actor_train.model_args.dtype=fp32", "seed=7"]
+    config = load_pipeline_config(compose_config("cluster_check", overrides), ClusterCheckConfig)
+    assert config.actor_train.model_args.dtype == "fp32" and config.seed == 7
+
+
+def test_command_line_override_reaches_dataclass() -> None:
+    cfg = compose_config("cluster_check", ["devices_per_node=4", "batch_size=12", "actor_infer.device_mapping=2-3"])
+    config = load_pipeline_config(cfg, ClusterCheckConfig)
+    assert config.batch_size == 12 and config.actor_infer is not None and config.actor_infer.devices == [2, 3]
+
+
+def test_unreferenced_unknown_top_level_key_is_an_error() -> None:
+    cfg = compose_config("cluster_check", ["+batch_sise=4"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'batch_sise' \(did you mean 'batch_size'\?\)"):
+        load_pipeline_config(cfg, ClusterCheckConfig)
+
+
+def test_unreferenced_block_needs_its_yaml_beside_the_pipeline() -> None:
+    cfg = compose_config("all_deepspeed_blocks", ["platform=cpu"], config_dir=REPO_ROOT / "tests" / "configs")
+    with pytest.raises(ConfigError, match="unknown config key 'deepspeed_zero'"):
+        load_pipeline_config(cfg, ClusterCheckConfig)
+
+
+def test_unknown_nested_key_in_yaml_is_an_error() -> None:
+    cfg = compose_config("cluster_check", ["+actor_train.devise_mapping=1"])
+    with pytest.raises(ConfigError, match=r"'actor_train.devise_mapping' \(did you mean 'device_mapping'\?\)"):
+        load_pipeline_config(cfg, ClusterCheckConfig)
+
+
+def test_entry_point_reports_config_error_in_one_line_before_ray() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "examples/start_cluster_check.py",
+            "devices_per_node=2",
+            "actor_train.device_mapping=0-7",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "config error: actor_train.device_mapping uses device(s) [2, 3, 4, 5, 6, 7]" in result.stderr
+    assert "Traceback" not in result.stderr and "Started a local Ray" not in result.stderr
