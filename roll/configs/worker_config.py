@@ -13,11 +13,15 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 
 @dataclass
 class ModelArguments:
-    """Where a role's model comes from and how it is loaded."""
+    """Where a role's model comes from and how it is loaded; `lora_rank` > 0 trains LoRA adapters only."""
 
     model_name_or_path: str = ""
     dtype: Dtype = "bf16"
     attn_implementation: str = "sdpa"
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
 @dataclass
@@ -46,6 +50,8 @@ class TrainingArguments:
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    max_steps: int = 0  # optimizer steps the schedule spans; linear and cosine need it
+    seed: int = 42
     gradient_checkpointing: bool = False
 
 
@@ -97,7 +103,7 @@ class WorkerConfig:
             self._resolve_world_size_only(name)
         else:
             self._resolve_devices(name, total_devices)
-        self._check_strategy_name(name)
+        self._check_strategy(name)
 
     def _resolve_world_size_only(self, name: str) -> None:
         if self.world_size is None or self.world_size < 1:
@@ -127,8 +133,8 @@ class WorkerConfig:
         self.devices = devices
         self.world_size = implied
 
-    def _check_strategy_name(self, name: str) -> None:
-        from roll.distributed.strategy.factory import STRATEGIES
+    def _check_strategy(self, name: str) -> None:
+        from roll.distributed.strategy.factory import STRATEGIES, check_strategy_config
 
         if self.strategy_args is None:
             return
@@ -138,6 +144,7 @@ class WorkerConfig:
                 f"{name}.strategy_args.strategy_name={strategy_name!r} is unknown"
                 f"{closest_spelling(strategy_name, STRATEGIES)}; valid names: {', '.join(STRATEGIES)}"
             )
+        check_strategy_config(self)
 
     @property
     def dp_size(self) -> int:

@@ -1,0 +1,144 @@
+"""A tiny randomly initialised causal LM and a character-level tokenizer, built locally for tests and demos."""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+DEFAULT_ALPHABET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + "+-*/=()?.,:;!'\"#<>_%"
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPEC_MARKER = "roll_tiny_spec.json"
+# Bump when the build changes, so that directories made by an older build are rebuilt.
+_BUILD_VERSION = 1
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<' + message['role'] + '>: ' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<assistant>: ' }}{% endif %}"
+)
+
+_ARCHITECTURES: dict[str, tuple[type[PreTrainedConfig], type[PreTrainedModel]]] = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM),
+}
+
+
+def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """A tokenizer with one token per character of `alphabet` plus `<pad>` (id 0), `<bos>`, `<eos>`, `<unk>`.
+
+    It is a byte-level BPE with no merges rather than a WordLevel model: AutoTokenizer loads any saved
+    qwen2 checkpoint as `Qwen2Tokenizer`, which rebuilds a byte-level BPE from the saved vocabulary, and
+    only a byte-level vocabulary tokenizes the same way under both loaders. Characters outside ASCII take
+    one token per UTF-8 byte.
+    """
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    symbols = dict.fromkeys(symbol for char in alphabet for symbol in byte_level.pre_tokenize_str(char)[0][0])
+    vocab = {token: i for i, token in enumerate([PAD, BOS, EOS, UNK, *symbols])}
+    backend = Tokenizer(models.BPE(vocab, [], unk_token=UNK))
+    backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([PAD, BOS, EOS, UNK])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of a tiny decoder; the defaults give head_dim 32, the smallest vLLM's attention takes."""
+
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.arch not in _ARCHITECTURES:
+            raise ValueError(f"arch={self.arch!r} is not one of {', '.join(_ARCHITECTURES)}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}, "
+                f"and num_heads a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+
+def make_tiny_model(
+    output_dir: str | Path, spec: TinyModelSpec | None = None, seed: int = 0, alphabet: str = DEFAULT_ALPHABET
+) -> Path:
+    """Save a seeded random causal LM (float32 safetensors) and its char tokenizer in `output_dir`; return it.
+
+    A directory already built with the same spec, seed and alphabet is returned as it is.
+    """
+    spec = spec or TinyModelSpec()
+    path = Path(output_dir)
+    marker_file = path / SPEC_MARKER
+    marker = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed, "alphabet": alphabet}
+    if _read_marker(marker_file) == marker:
+        return path
+    tokenizer = build_char_tokenizer(alphabet)
+    tokenizer.model_max_length = spec.max_position_embeddings
+    config_cls, model_cls = _ARCHITECTURES[spec.arch]
+    config = config_cls(**_config_kwargs(spec, tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config).to(torch.float32)
+    # Removed before writing so that an interrupted rebuild is never mistaken for the previous build.
+    marker_file.unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    marker_file.write_text(json.dumps(marker, indent=2))
+    return path
+
+
+def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+
+
+def _read_marker(marker_file: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(marker_file.read_text())
+    except (OSError, ValueError):
+        return None
