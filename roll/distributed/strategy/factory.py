@@ -19,6 +19,25 @@ STRATEGIES: dict[str, str] = {
     "sglang": "roll.distributed.strategy.sglang_strategy.SglangStrategy",
 }
 
+# Checks of a backend's own config block that need no backend import; they run at config
+# validation time, before any Ray actor starts.
+CONFIG_CHECKS: dict[str, str] = {
+    "deepspeed_train": "roll.distributed.strategy.deepspeed_config.check_train_config",
+    "deepspeed_infer": "roll.distributed.strategy.deepspeed_config.check_infer_config",
+}
+
+
+def _import(dotted: str) -> Any:
+    module_name, attr = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def check_strategy_config(worker_config: Any) -> None:
+    """Validate a role's `strategy_config` against its backend's rules (raise ConfigError)."""
+    name = worker_config.strategy_args.strategy_name
+    if name in CONFIG_CHECKS:
+        _import(CONFIG_CHECKS[name])(worker_config)
+
 
 def strategy_class(name: str) -> type:
     """Import and return the class registered under `name`; a ValueError lists the valid names."""
@@ -26,8 +45,7 @@ def strategy_class(name: str) -> type:
         raise ValueError(
             f"unknown strategy {name!r}{closest_spelling(name, STRATEGIES)}; valid: {', '.join(STRATEGIES)}"
         )
-    module_name, class_name = STRATEGIES[name].rsplit(".", 1)
-    return getattr(importlib.import_module(module_name), class_name)
+    return _import(STRATEGIES[name])
 
 
 def create_strategy(name: str, worker: Any) -> Any:

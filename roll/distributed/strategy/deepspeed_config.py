@@ -1,0 +1,109 @@
+"""The DeepSpeed config of a role: `auto` fields filled from its arguments, everything else checked.
+
+Pure functions on plain dicts; nothing here imports DeepSpeed, so configs are validated on the
+driver before any actor starts. A value the user wrote is never changed: if it disagrees with the
+role's arguments the result is a ConfigError naming both fields.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import WorkerConfig
+
+AUTO = "auto"
+
+
+def resolve_deepspeed_config(worker_config: WorkerConfig, training: bool) -> dict[str, Any]:
+    """The DeepSpeed config dict for a role, with every `auto` replaced; raise ConfigError on conflicts."""
+    role = worker_config.name
+    block = worker_config.strategy_args.strategy_config if worker_config.strategy_args else {}
+    config = copy.deepcopy(block)
+    args = worker_config.training_args
+    dp_size = worker_config.dp_size
+    micro = args.per_device_train_batch_size if training else 1
+    accumulation = args.gradient_accumulation_steps if training else 1
+    where, source = f"{role}.strategy_args.strategy_config", f"{role}.training_args"
+    _fill(config, "train_micro_batch_size_per_gpu", micro, where, f"{source}.per_device_train_batch_size")
+    _fill(config, "gradient_accumulation_steps", accumulation, where, f"{source}.gradient_accumulation_steps")
+    _fill(config, "gradient_clipping", args.max_grad_norm, where, f"{source}.max_grad_norm")
+    _fill(config, "train_batch_size", micro * accumulation * dp_size, where, "micro batch x accumulation x dp size")
+    expected = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp_size
+    if config["train_batch_size"] != expected:
+        raise ConfigError(
+            f"{where}.train_batch_size={config['train_batch_size']} must equal micro batch "
+            f"{config['train_micro_batch_size_per_gpu']} x accumulation {config['gradient_accumulation_steps']} x "
+            f"data-parallel size {dp_size} = {expected}; set it to auto or fix {role}.training_args"
+        )
+    dtype = worker_config.model_args.dtype
+    for precision in ("bf16", "fp16"):
+        section = config.setdefault(precision, {})
+        _fill(section, "enabled", dtype == precision, f"{where}.{precision}", f"{role}.model_args.dtype={dtype}")
+    if config["bf16"]["enabled"] and config["fp16"]["enabled"]:
+        raise ConfigError(f"{where}: bf16 and fp16 cannot both be enabled")
+    if config["fp16"]["enabled"]:
+        config["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
+    _check_zero(config, where)
+    config.setdefault("steps_per_print", 10**9)  # roll logs its own metrics
+    config.setdefault("wall_clock_breakdown", False)
+    return config
+
+
+def _fill(section: dict[str, Any], key: str, value: Any, where: str, source: str) -> None:
+    current = section.get(key, AUTO)
+    if current == AUTO:
+        section[key] = value
+    elif current != value:
+        raise ConfigError(f"{where}.{key}={current!r} disagrees with {source} ({value!r}); set it to auto")
+
+
+def _check_zero(config: dict[str, Any], where: str) -> None:
+    zero = config.setdefault("zero_optimization", {"stage": 0})
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{where}.zero_optimization.stage={stage!r} must be 0, 1, 2 or 3")
+    for key, allowed_stages in (("offload_optimizer", (1, 2, 3)), ("offload_param", (3,))):
+        device = zero.get(key, {}).get("device", "none")
+        if device not in ("none", "cpu", "nvme"):
+            raise ConfigError(f"{where}.zero_optimization.{key}.device={device!r} must be none, cpu or nvme")
+        if device != "none" and stage not in allowed_stages:
+            raise ConfigError(
+                f"{where}.zero_optimization.{key} needs ZeRO stage {' or '.join(map(str, allowed_stages))}, "
+                f"not {stage}; pick a deepspeed_zero2/3 block or drop the offload"
+            )
+        if device == "nvme" and not zero[key].get("nvme_path"):
+            raise ConfigError(f"{where}.zero_optimization.{key}.nvme_path must name a directory for nvme offload")
+
+
+def zero_stage(config: dict[str, Any]) -> int:
+    """The ZeRO stage of a resolved config."""
+    return int(config.get("zero_optimization", {}).get("stage", 0))
+
+
+def offloads_optimizer(config: dict[str, Any]) -> bool:
+    """Whether the optimizer states (and step) live on the host or NVMe."""
+    device = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
+    return device in ("cpu", "nvme")
+
+
+def check_train_config(worker_config: WorkerConfig) -> None:
+    """Config-time check of a deepspeed_train role."""
+    resolve_deepspeed_config(worker_config, training=True)
+    args = worker_config.training_args
+    if args.lr_scheduler_type != "constant" and args.max_steps < 1:
+        raise ConfigError(
+            f"{worker_config.name}.training_args.lr_scheduler_type={args.lr_scheduler_type} needs "
+            f"{worker_config.name}.training_args.max_steps (the number of optimizer steps it decays over)"
+        )
+
+
+def check_infer_config(worker_config: WorkerConfig) -> None:
+    """Config-time check of a deepspeed_infer role: a ZeRO-3 block without optimizer offload."""
+    config = resolve_deepspeed_config(worker_config, training=False)
+    if zero_stage(config) != 3:
+        raise ConfigError(
+            f"{worker_config.name}.strategy_args.strategy_config: deepspeed_infer needs ZeRO stage 3 "
+            f"(got {zero_stage(config)}); reference ${{deepspeed_zero3}} or ${{deepspeed_zero3_cpuoffload}}"
+        )

@@ -1,0 +1,211 @@
+"""deepspeed_train and deepspeed_infer: a model owned by a DeepSpeed engine, ZeRO stage 0 to 3."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import deepspeed
+import numpy as np
+import torch
+from transformers.integrations import HfDeepSpeedConfig
+
+from roll.configs.worker_config import GeneratingArguments, TrainingArguments
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.deepspeed_config import offloads_optimizer, resolve_deepspeed_config, zero_stage
+from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches, model_inputs
+from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
+from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class DeepSpeedInferStrategy(InferenceStrategy):
+    """A ZeRO-3 inference-only engine: parameters partitioned over ranks, gathered per forward."""
+
+    strategy_name = "deepspeed_infer"
+    training = False
+
+    def initialize(self, model_provider: ModelProvider) -> None:
+        """Join the process group, build the model under ZeRO (partitioned at stage 3), wrap it."""
+        deepspeed.init_distributed(dist_backend=self.worker.platform.dist_backend, dist_init_required=True)
+        self.worker.platform.set_device(self.worker.local_rank)
+        self.device = torch.device(self.worker.platform.device_name(self.worker.local_rank))
+        seed_everything(self.worker_config.training_args.seed)
+        self.ds_config = resolve_deepspeed_config(self.worker_config, training=self.training)
+        self.zero_stage = zero_stage(self.ds_config)
+        # transformers partitions weights while loading them as long as this object is alive.
+        self._hf_ds_config = HfDeepSpeedConfig(self.ds_config) if self.zero_stage == 3 else None
+        model = model_provider()
+        self.engine = self._build_engine(model)
+
+    def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
+        engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
+        engine.eval()
+        return engine
+
+    @property
+    def unwrapped_model(self) -> torch.nn.Module:
+        """The Hugging Face model inside the engine."""
+        return self.engine.module
+
+    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
+        """Metrics of `forward_func` over micro-batches of `infer_batch_size`, without gradients."""
+        return forward_in_micro_batches(
+            self.engine, batch, forward_func, self.worker_config.infer_batch_size, self.device
+        )
+
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
+        """Continuations of the prompts; at stage 3 all ranks step together until the last finishes."""
+        synced = self.zero_stage == 3 and self.worker.world_size > 1
+        return generate_in_micro_batches(
+            self.unwrapped_model,
+            batch,
+            generating_args,
+            self.worker_config.infer_batch_size,
+            self.device,
+            synced_ranks=synced,
+        )
+
+    def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter in full by Hugging Face name (gathered one at a time at stage 3), on all ranks."""
+        for name, param in self.unwrapped_model.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], enabled=self.zero_stage == 3):
+                yield name, param.data.detach().clone()
+
+    def shutdown(self) -> None:
+        """Destroy the engine and leave the process group."""
+        self.engine.destroy()
+        self.engine = None
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
+    """A training engine: ZeRO 0-3, optional CPU/NVMe offload, LR schedule, checkpoints, HF export."""
+
+    strategy_name = "deepspeed_train"
+    training = True
+
+    def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
+        args = self.worker_config.training_args
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "enable_input_require_grads"):
+                model.enable_input_require_grads()  # frozen embeddings (LoRA) still need grads to flow
+        model.config.use_cache = False
+        optimizer = self._make_optimizer(model, args)
+        # A factory, so the schedule drives the optimizer DeepSpeed wraps (ZeRO regroups parameters).
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=lambda wrapped: torch.optim.lr_scheduler.LambdaLR(wrapped, lr_lambda(args)),
+            config=self.ds_config,
+        )
+        self.global_step = 0
+        return engine
+
+    def _make_optimizer(self, model: torch.nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
+        decay, no_decay = [], []
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        hyper = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+        if offloads_optimizer(self.ds_config):
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, adamw_mode=True, **hyper)
+        if self.worker.platform.device_type == "cuda":
+            from deepspeed.ops.adam import FusedAdam
+
+            return FusedAdam(groups, adam_w_mode=True, **hyper)
+        return torch.optim.AdamW(groups, **hyper)
+
+    def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
+        """Forward/backward every micro-batch; DeepSpeed steps the optimizer every accumulation group."""
+        args = self.worker_config.training_args
+        micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        if len(batch) % (micro * accumulation):
+            raise ValueError(
+                f"{self.worker_config.name}: a shard of {len(batch)} rows is not a whole number of optimizer "
+                f"steps of {micro} (per_device_train_batch_size) x {accumulation} (gradient_accumulation_steps)"
+            )
+        self.engine.train()
+        sums: dict[str, float] = defaultdict(float)
+        micro_batches = batch.split(micro)
+        for micro_batch in micro_batches:
+            output = self.engine(**model_inputs(micro_batch, self.device), use_cache=False)
+            loss, metrics = loss_func(micro_batch, output)
+            self.engine.backward(loss)
+            boundary = self.engine.is_gradient_accumulation_boundary()
+            self.engine.step()
+            sums["loss"] += loss.item()
+            for key, value in metrics.items():
+                sums[key] += value.float().mean().item()
+            if boundary:
+                self.global_step += 1
+                grad_norm = self.engine.get_global_grad_norm()
+                sums["grad_norm"] += float(grad_norm) if grad_norm is not None else math.nan
+        steps = len(micro_batches) // accumulation
+        result = {k: v / (steps if k == "grad_norm" else len(micro_batches)) for k, v in sums.items()}
+        result = self._mean_over_ranks(result)
+        result["lr"] = self.engine.get_lr()[0]
+        result["global_step"] = float(self.global_step)
+        return result
+
+    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Average metrics over the data-parallel ranks, so every rank reports the global value."""
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        torch.distributed.all_reduce(values)
+        return {k: v / self.worker.world_size for k, v in zip(keys, values.tolist(), strict=True)}
+
+    def save_checkpoint(self, save_dir: str, tag: str) -> str:
+        """All ranks write their ZeRO shards and RNG state; the checkpoint appears only when complete."""
+        return deepspeed_checkpoint.save(self.engine, save_dir, tag, {"global_step": self.global_step})
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None) -> str:
+        """Resume engine, optimizer, scheduler, RNG and step; a different data-parallel size is converted."""
+        path, client_state = deepspeed_checkpoint.load(self.engine, load_dir, tag)
+        self.global_step = int(client_state["global_step"])
+        return path
+
+    def export_hf(self, output_dir: str) -> str:
+        """Rank 0 writes a Hugging Face directory (16-bit or fp32 as trained) from the gathered weights."""
+        state_dict = {}
+        for name, tensor in self.iter_hf_weights():
+            if self.worker.rank == 0:
+                state_dict[name] = tensor.cpu()
+        if self.worker.rank == 0:
+            os.makedirs(output_dir, exist_ok=True)
+            self.unwrapped_model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        torch.distributed.barrier()
+        return output_dir
+
+
+def lr_lambda(args: TrainingArguments) -> Callable[[int], float]:
+    """Multiplier of the base learning rate at each optimizer step: warm-up, then the chosen decay."""
+
+    def multiplier(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        if args.lr_scheduler_type == "constant":
+            return 1.0
+        progress = min(1.0, (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))
+        if args.lr_scheduler_type == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier

@@ -1,0 +1,83 @@
+"""The strategy contract: what every backend that owns a role's model must do.
+
+A worker holds one strategy. Inference strategies run forward passes (log-probs, values, scores)
+and generation; train strategies add optimisation, checkpoints and a stream of full weights for
+syncing inference engines. Backends live one per file and are created by name through
+`roll.distributed.strategy.factory`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.scheduler.protocol import DataProto
+
+if TYPE_CHECKING:
+    from roll.distributed.executor.worker import Worker
+
+# model(...) output -> (loss, per-sample or scalar metrics). For forward_step the loss is ignored
+# and each metric is a per-sample tensor; for train_step the loss is what is back-propagated.
+ForwardFunc = Callable[[DataProto, Any], tuple[torch.Tensor | None, dict[str, torch.Tensor]]]
+ModelProvider = Callable[[], torch.nn.Module]
+
+
+class InferenceStrategy(ABC):
+    """A backend that computes with a model it owns: forward passes and generation."""
+
+    strategy_name: str = ""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.worker_config = worker.worker_config
+
+    @abstractmethod
+    def initialize(self, model_provider: ModelProvider) -> None:
+        """Build the model (through `model_provider`) and the backend around it."""
+
+    @abstractmethod
+    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
+        """Run `forward_func` on micro-batches of `batch` without gradients; concatenate its metrics."""
+
+    @abstractmethod
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
+        """Prompt ids plus generated tokens, `[batch * num_return_sequences, prompt + new]`, right-padded."""
+
+    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Move the backend's states off the device; return bytes moved per state kind (none by default)."""
+        return {}
+
+    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Bring offloaded states back to the device; return bytes moved per state kind."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Release the model and any process group or engine the backend started."""
+
+
+class TrainStrategy(InferenceStrategy):
+    """An inference strategy that also trains: optimizer, LR schedule, checkpoints, weight export."""
+
+    @abstractmethod
+    def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
+        """Optimise on this rank's shard: micro-batches, accumulation, one or more optimizer steps."""
+
+    @abstractmethod
+    def save_checkpoint(self, save_dir: str, tag: str) -> str:
+        """Write a resumable checkpoint `save_dir/tag` atomically; return its path."""
+
+    @abstractmethod
+    def load_checkpoint(self, load_dir: str, tag: str | None = None) -> str:
+        """Resume from `load_dir/tag` (the latest complete one when tag is None); return its path."""
+
+    @abstractmethod
+    def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered) parameters by Hugging Face name, one at a time, on every rank."""
+
+    @abstractmethod
+    def export_hf(self, output_dir: str) -> str:
+        """Save a plain Hugging Face model directory that transformers and vLLM load."""

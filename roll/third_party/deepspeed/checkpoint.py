@@ -1,0 +1,138 @@
+"""Atomic, resumable DeepSpeed checkpoints, including resume at a different data-parallel size.
+
+Layout of `save_dir`:
+
+    latest                     the tag of the newest complete checkpoint (replaced atomically)
+    <tag>/roll_checkpoint.json  written last: a directory without it is never loaded
+    <tag>/state/               DeepSpeed's own files (model, per-rank ZeRO optimizer shards)
+    <tag>/rng_rank<r>.pt       each rank's Python, NumPy and torch RNG states
+    <tag>/state_universal/     made on first resume at another data-parallel size
+
+A save goes to `.<tag>.incomplete` first and is renamed once every rank has written; a crash
+mid-save leaves only that hidden directory, which is ignored and replaced by the next save.
+Ranks must share the filesystem of `save_dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+ENGINE_TAG = "state"
+UNIVERSAL_TAG = "state_universal"
+MARKER = "roll_checkpoint.json"
+LATEST = "latest"
+
+
+def _rank_and_world() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save(engine: Any, save_dir: str, tag: str, client_state: dict[str, Any]) -> str:
+    """Write checkpoint `save_dir/tag` from every rank; it becomes visible (and `latest`) only when complete."""
+    rank, world = _rank_and_world()
+    root = Path(save_dir)
+    final, staging = root / tag, root / f".{tag}.incomplete"
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    dist.barrier()
+    engine.save_checkpoint(str(staging), tag=ENGINE_TAG, client_state=client_state, save_latest=False)
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save(rng, staging / f"rng_rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        meta = {"tag": tag, "dp_size": world, "zero_stage": engine.zero_optimization_stage(), "time": time.time()}
+        (staging / MARKER).write_text(json.dumps(meta))
+        if final.exists():
+            retired = root / f".{tag}.retired"
+            os.replace(final, retired)
+            shutil.rmtree(retired)
+        os.replace(staging, final)
+        _write_atomically(root / LATEST, tag)
+    dist.barrier()
+    return str(final)
+
+
+def resolve_checkpoint(load_dir: str, tag: str | None) -> Path:
+    """The directory of checkpoint `tag` (or of the latest complete one); FileNotFoundError if incomplete."""
+    root = Path(load_dir)
+    if tag is None:
+        latest = root / LATEST
+        if not latest.is_file():
+            raise FileNotFoundError(f"no complete checkpoint in {root}: there is no '{LATEST}' file")
+        tag = latest.read_text().strip()
+    path = root / tag
+    if not (path / MARKER).is_file():
+        raise FileNotFoundError(f"{path} is not a complete roll checkpoint (no {MARKER}); pick another tag")
+    return path
+
+
+def load(engine: Any, load_dir: str, tag: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Restore engine, optimizer, scheduler and RNG from a checkpoint; return its path and client state.
+
+    When the checkpoint was written by a different number of data-parallel ranks and its optimizer
+    states are partitioned, it is converted once to DeepSpeed's universal format and loaded from there.
+    """
+    rank, world = _rank_and_world()
+    path = resolve_checkpoint(load_dir, tag)
+    meta = json.loads((path / MARKER).read_text())
+    partitioned = any((path / ENGINE_TAG).glob("*zero_pp_rank_*"))
+    engine_tag = ENGINE_TAG
+    if meta["dp_size"] != world and partitioned:
+        if rank == 0 and not (path / UNIVERSAL_TAG).is_dir():
+            _convert_to_universal(path / ENGINE_TAG, path / UNIVERSAL_TAG)
+        dist.barrier()
+        engine._config.load_universal_checkpoint = True  # private: the engine reads it during load
+        engine_tag = UNIVERSAL_TAG
+    try:
+        loaded_path, client_state = engine.load_checkpoint(str(path), tag=engine_tag)
+    finally:
+        engine._config.load_universal_checkpoint = False
+    if loaded_path is None:
+        raise RuntimeError(f"DeepSpeed could not load {path / engine_tag}")
+    rng_file = path / f"rng_rank{rank}.pt"
+    if rng_file.is_file():
+        rng = torch.load(rng_file, weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+    return str(path), client_state
+
+
+def _convert_to_universal(source: Path, target: Path) -> None:
+    from deepspeed.checkpoint import ds_to_universal
+
+    staging = target.with_name(f".{target.name}.incomplete")
+    shutil.rmtree(staging, ignore_errors=True)
+    args = argparse.Namespace(
+        input_folder=str(source),
+        output_folder=str(staging),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=False,
+    )
+    ds_to_universal.main(args)
+    # The engine reads its module weights from the model-states file beside the universal shards.
+    for model_file in source.glob("*model_states.pt"):
+        if not (staging / model_file.name).exists():
+            shutil.copy2(model_file, staging / model_file.name)
+    os.replace(staging, target)
