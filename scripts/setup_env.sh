@@ -10,6 +10,10 @@ venv="${ROLL_VENV:-$repo_root/.venv}"
 python_bin="${ROLL_PYTHON:-python3}"
 requirement_files=(requirements_torch.txt requirements_common.txt requirements_dev.txt pyproject.toml)
 
+# DeepSpeed's just-in-time ops (CPU Adam, shared-memory collectives) are built once per environment
+# here, at install time, so concurrent workers never race to build or load them.
+export TORCH_EXTENSIONS_DIR="$venv/torch_extensions"
+
 stamp_value="$(cd "$repo_root" && cat "${requirement_files[@]}" | sha256sum | cut -d' ' -f1)"
 stamp_file="$venv/.roll-install-stamp"
 
@@ -38,6 +42,9 @@ pip_install --no-build-isolation --no-deps -e .
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "$venv/bin/python" - <<'PY'
 import torch, deepspeed, ray, transformers, hydra  # noqa: F401  (fail here, not in the first job)
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
+    builder.load(verbose=False)
 print(f"[roll] torch {torch.__version__}, deepspeed {deepspeed.__version__}, ray {ray.__version__}, "
       f"transformers {transformers.__version__}")
 PY

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import warnings
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
@@ -31,6 +32,8 @@ class Worker:
         self.platform = current_platform()
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
         torch.set_num_threads(int(os.environ.get("ROLL_NUM_THREADS", "1")))
+        # DeepSpeed calls collectives torch has renamed, once per bucket: keep worker logs readable.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         self.logger = logging.getLogger(f"roll.{worker_config.name}.rank{self.rank}")
 
     @staticmethod
