@@ -70,15 +70,20 @@ def start_role(
     devices: str = "0-1",
     micro: int = 2,
     accumulation: int = 2,
+    lora_rank: int = 0,
+    gradient_checkpointing: bool = False,
 ) -> Cluster:
     config = WorkerConfig(
         worker_cls=WORKER,
         device_mapping=devices,
         infer_batch_size=4,
-        model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype),
+        model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype, lora_rank=lora_rank),
         strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=block),
         training_args=TrainingArguments(
-            learning_rate=2e-3, per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation
+            learning_rate=2e-3,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=accumulation,
+            gradient_checkpointing=gradient_checkpointing,
         ),
     )
     config.resolve("actor", manager.total_devices)
@@ -97,24 +102,31 @@ def train_losses(cluster: Cluster, batch: DataProto, steps: int) -> list[float]:
     return losses
 
 
-def run_stage(manager: ResourceManager, model_path: str, batch: DataProto, stage: int, dtype: str) -> list[float]:
-    cluster = start_role(manager, model_path, zero_block(stage), dtype=dtype)
+def run_stage(
+    manager: ResourceManager, model_path: str, batch: DataProto, stage: int, dtype: str, **options: object
+) -> list[float]:
+    cluster = start_role(manager, model_path, zero_block(stage), dtype=dtype, **options)
     try:
         return train_losses(cluster, batch, 3)
     finally:
         cluster.shutdown()
 
 
-def test_same_losses_at_every_zero_stage_fp32_and_close_in_bf16(
+def test_same_losses_at_every_zero_stage_fp32_and_close_in_16_bit(
     resource_manager: ResourceManager, model_path: str, batch: DataProto
 ) -> None:
     fp32 = {stage: run_stage(resource_manager, model_path, batch, stage, "fp32") for stage in (0, 1, 2, 3)}
     assert fp32[0][-1] < fp32[0][0]  # it learns
     for stage in (1, 2, 3):
         assert fp32[stage] == pytest.approx(fp32[0], rel=1e-5), f"stage {stage}: {fp32[stage]} vs {fp32[0]}"
+    checkpointed = run_stage(resource_manager, model_path, batch, 2, "fp32", gradient_checkpointing=True)
+    assert checkpointed == pytest.approx(fp32[0], rel=1e-5)
     bf16 = {stage: run_stage(resource_manager, model_path, batch, stage, "bf16") for stage in (0, 3)}
     for stage in (0, 3):
         assert bf16[stage] == pytest.approx(fp32[0], rel=3e-2), f"bf16 stage {stage}: {bf16[stage]} vs {fp32[0]}"
+    # Dynamic loss scaling skips the first steps while it lowers the scale from 2**16, then it learns.
+    fp16 = run_stage(resource_manager, model_path, batch, 2, "fp16")
+    assert fp16[0] == fp16[1] and fp16[2] < fp16[1] - 0.2, fp16
 
 
 @pytest.mark.parametrize("block_name", ["deepspeed_zero2_cpuoffload", "deepspeed_zero3_cpuoffload"])
@@ -192,6 +204,33 @@ def test_hf_export_loads_with_equal_logits(
     assert not torch.equal(original.lm_head.weight, exported.lm_head.weight)  # the trained weights were exported
 
 
+def test_lora_trains_adapters_and_exports_a_merged_plain_model(
+    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+) -> None:
+    cluster = start_role(resource_manager, model_path, zero_block(3), lora_rank=8)
+    try:
+        losses = train_losses(cluster, batch, 3)
+        strategy_log_probs = cluster.log_probs(batch).batch["log_probs"]
+        cluster.export(str(tmp_path / "hf"))
+    finally:
+        cluster.shutdown()
+    assert losses[-1] < losses[0], losses
+    assert not list((tmp_path / "hf").glob("adapter_*"))
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    exported_state, original_state = exported.state_dict(), original.state_dict()
+    assert exported_state.keys() == original_state.keys()
+    changed = {k for k in original_state if not torch.equal(original_state[k], exported_state[k])}
+    assert changed and all(
+        k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in changed
+    )
+    inputs = {k: batch.batch[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        logits = exported(**inputs, position_ids=(inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)).logits
+    mask = inputs["attention_mask"][:, 1:].bool()
+    assert torch.allclose(next_token_log_probs(logits, inputs["input_ids"])[mask], strategy_log_probs[mask], atol=1e-4)
+
+
 def test_zero3_inference_generation_with_uneven_lengths_finishes(
     resource_manager: ResourceManager, model_path: str, batch: DataProto
 ) -> None:
@@ -208,3 +247,20 @@ def test_zero3_inference_generation_with_uneven_lengths_finishes(
     assert output.shape == (16, batch.batch["input_ids"].shape[1] + 12)
     assert torch.equal(output[:, : batch.batch["input_ids"].shape[1]], batch.batch["input_ids"])
     assert log_probs.shape == (16, batch.batch["input_ids"].shape[1] - 1) and torch.isfinite(log_probs).all()
+
+
+def test_hf_infer_matches_the_plain_model(resource_manager: ResourceManager, model_path: str, batch: DataProto) -> None:
+    cluster = start_role(resource_manager, model_path, {}, strategy="hf_infer")
+    try:
+        log_probs = cluster.log_probs(batch).batch["log_probs"]
+        greedy = cluster.generate(batch, GeneratingArguments(max_new_tokens=6, do_sample=False)).batch["output_ids"]
+    finally:
+        cluster.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    inputs = {k: batch.batch[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        logits = model(**inputs, position_ids=(inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)).logits
+        expected = model.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    mask = inputs["attention_mask"][:, 1:].bool()
+    assert torch.allclose(next_token_log_probs(logits, inputs["input_ids"])[mask], log_probs[mask], atol=1e-5)
+    assert torch.equal(greedy[:, : expected.shape[1]], expected)

@@ -29,8 +29,9 @@ def resolve_deepspeed_config(worker_config: WorkerConfig, training: bool) -> dic
     _fill(config, "train_micro_batch_size_per_gpu", micro, where, f"{source}.per_device_train_batch_size")
     _fill(config, "gradient_accumulation_steps", accumulation, where, f"{source}.gradient_accumulation_steps")
     _fill(config, "gradient_clipping", args.max_grad_norm, where, f"{source}.max_grad_norm")
-    _fill(config, "train_batch_size", micro * accumulation * dp_size, where, "micro batch x accumulation x dp size")
     expected = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp_size
+    if config.get("train_batch_size", AUTO) == AUTO:
+        config["train_batch_size"] = expected
     if config["train_batch_size"] != expected:
         raise ConfigError(
             f"{where}.train_batch_size={config['train_batch_size']} must equal micro batch "

@@ -6,11 +6,12 @@ import math
 import os
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import deepspeed
 import numpy as np
 import torch
+from peft import PeftModel
 from transformers.integrations import HfDeepSpeedConfig
 
 from roll.configs.worker_config import GeneratingArguments, TrainingArguments
@@ -18,7 +19,9 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.deepspeed_config import offloads_optimizer, resolve_deepspeed_config, zero_stage
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches, model_inputs
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
+from roll.models.hf_weights import hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
+from roll.utils.lr_schedule import lr_lambda
 
 
 def seed_everything(seed: int) -> None:
@@ -76,10 +79,12 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         )
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every parameter in full by Hugging Face name (gathered one at a time at stage 3), on all ranks."""
-        for name, param in self.unwrapped_model.named_parameters():
-            with deepspeed.zero.GatheredParameters([param], enabled=self.zero_stage == 3):
-                yield name, param.data.detach().clone()
+        """Every weight in full by Hugging Face name (gathered one at a time at stage 3), LoRA merged, on all ranks."""
+
+        def gather(params: list[torch.nn.Parameter]) -> deepspeed.zero.GatheredParameters:
+            return deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3)
+
+        yield from hf_named_weights(self.unwrapped_model, gather)
 
     def shutdown(self) -> None:
         """Destroy the engine and leave the process group."""
@@ -190,22 +195,8 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
                 state_dict[name] = tensor.cpu()
         if self.worker.rank == 0:
             os.makedirs(output_dir, exist_ok=True)
-            self.unwrapped_model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+            model = self.unwrapped_model
+            plain = model.get_base_model() if isinstance(model, PeftModel) else model
+            plain.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         torch.distributed.barrier()
         return output_dir
-
-
-def lr_lambda(args: TrainingArguments) -> Callable[[int], float]:
-    """Multiplier of the base learning rate at each optimizer step: warm-up, then the chosen decay."""
-
-    def multiplier(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
-        if args.lr_scheduler_type == "constant":
-            return 1.0
-        progress = min(1.0, (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))
-        if args.lr_scheduler_type == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return multiplier

@@ -1,0 +1,56 @@
+"""A model's full weights by Hugging Face name, with LoRA adapters merged into their base layers.
+
+This is what an exported directory holds and what inference engines load: the names and shapes of
+the plain base model, whether or not training used PEFT adapters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
+
+# gather(params) must make the full values of `params` readable inside the context (ZeRO-3
+# partitions them); a no-op context where parameters are whole.
+Gather = Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager]
+
+
+def no_gather(params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager:
+    """For models whose parameters are whole on every rank."""
+    return contextlib.nullcontext()
+
+
+def hf_named_weights(model: torch.nn.Module, gather: Gather = no_gather) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(name, tensor)` for every weight of the plain model, copies on the parameters' device.
+
+    For a PEFT model the adapter weights are folded into their base layers
+    (`W + scaling * B @ A`), full-trained heads (`modules_to_save`) replace the originals, and the
+    PEFT name prefixes are removed.
+    """
+    if not isinstance(model, PeftModel):
+        for name, param in model.named_parameters():
+            with gather([param]):
+                yield name, param.data.detach().clone()
+        return
+    base = model.get_base_model()
+    adapter = model.active_adapter
+    for name, param in base.named_parameters():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        if ".modules_to_save." in name:
+            with gather([param]):
+                yield name.replace(f".modules_to_save.{adapter}", ""), param.data.detach().clone()
+            continue
+        owner_name, _, leaf = name.rpartition(".base_layer.")
+        owner = base.get_submodule(owner_name) if owner_name else None
+        if isinstance(owner, LoraLayer) and leaf == "weight" and adapter in owner.lora_A:
+            lora_a, lora_b = owner.lora_A[adapter].weight, owner.lora_B[adapter].weight
+            with gather([param, lora_a, lora_b]):
+                delta = (lora_b.data.float() @ lora_a.data.float()) * owner.scaling[adapter]
+                yield f"{owner_name}.weight", (param.data.float() + delta).to(param.dtype)
+            continue
+        with gather([param]):
+            yield name.replace(".base_layer", ""), param.data.detach().clone()

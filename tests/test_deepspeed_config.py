@@ -1,0 +1,85 @@
+"""The DeepSpeed config of a role: `auto` filling and the errors for conflicting values (no DeepSpeed import)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
+from roll.distributed.strategy.deepspeed_config import resolve_deepspeed_config
+from roll.utils.lr_schedule import lr_lambda
+from tests.conftest import CONFIG_DIR
+
+ZERO2 = yaml.safe_load((CONFIG_DIR / "deepspeed_zero2.yaml").read_text())["deepspeed_zero2"]
+ZERO3 = yaml.safe_load((CONFIG_DIR / "deepspeed_zero3.yaml").read_text())["deepspeed_zero3"]
+
+
+def role(block: dict, strategy: str = "deepspeed_train", devices: str = "0-1", **training: object) -> WorkerConfig:
+    config = WorkerConfig(
+        worker_cls="w.W",
+        device_mapping=devices,
+        model_args=ModelArguments(dtype="bf16"),
+        strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=copy.deepcopy(block)),
+        training_args=TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=3, **training),
+    )
+    config.resolve("actor_train", 4)
+    return config
+
+
+def test_auto_fields_come_from_the_role() -> None:
+    resolved = resolve_deepspeed_config(role(ZERO2, max_grad_norm=0.5), training=True)
+    assert resolved["train_micro_batch_size_per_gpu"] == 2 and resolved["gradient_accumulation_steps"] == 3
+    assert resolved["train_batch_size"] == 2 * 3 * 2 and resolved["gradient_clipping"] == 0.5
+    assert resolved["bf16"]["enabled"] is True and resolved["fp16"]["enabled"] is False
+    assert ZERO2["train_batch_size"] == "auto"  # the block itself is not modified
+
+
+def test_batch_size_that_does_not_multiply_out_is_an_error() -> None:
+    block = ZERO2 | {"train_batch_size": 8}
+    with pytest.raises(
+        ConfigError, match=r"train_batch_size=8 must equal micro batch 2 x accumulation 3 x data-parallel"
+    ):
+        role(block)
+
+
+def test_explicit_value_disagreeing_with_training_args_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=4 disagrees with actor_train.training_args"):
+        role(ZERO2 | {"train_micro_batch_size_per_gpu": 4})
+    with pytest.raises(ConfigError, match=r"bf16.enabled=False disagrees with actor_train.model_args.dtype=bf16"):
+        role(ZERO2 | {"bf16": {"enabled": False}})
+
+
+def test_parameter_offload_needs_stage_3() -> None:
+    block = copy.deepcopy(ZERO2)
+    block["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    with pytest.raises(ConfigError, match=r"offload_param needs ZeRO stage 3, not 2"):
+        role(block)
+
+
+def test_nvme_offload_needs_a_path() -> None:
+    block = copy.deepcopy(ZERO3)
+    block["zero_optimization"]["offload_optimizer"] = {"device": "nvme"}
+    with pytest.raises(ConfigError, match=r"offload_optimizer.nvme_path must name a directory"):
+        role(block)
+
+
+def test_deepspeed_infer_needs_stage_3() -> None:
+    with pytest.raises(ConfigError, match=r"deepspeed_infer needs ZeRO stage 3 \(got 2\)"):
+        role(ZERO2, strategy="deepspeed_infer")
+    assert resolve_deepspeed_config(role(ZERO3, strategy="deepspeed_infer"), training=False)["train_batch_size"] == 2
+
+
+def test_decaying_schedule_needs_max_steps() -> None:
+    with pytest.raises(ConfigError, match=r"lr_scheduler_type=cosine needs actor_train.training_args.max_steps"):
+        role(ZERO2, lr_scheduler_type="cosine")
+
+
+def test_lr_schedules() -> None:
+    warm_linear = lr_lambda(TrainingArguments(warmup_steps=2, lr_scheduler_type="linear", max_steps=6))
+    assert [warm_linear(s) for s in range(7)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0])
+    cosine = lr_lambda(TrainingArguments(lr_scheduler_type="cosine", max_steps=4))
+    assert [cosine(s) for s in (0, 2, 4, 9)] == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    assert lr_lambda(TrainingArguments())(100) == 1.0
