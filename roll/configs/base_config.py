@@ -36,12 +36,19 @@ class PipelineConfig:
         return self.num_nodes * (self.devices_per_node or 0)
 
     def roles(self) -> dict[str, WorkerConfig]:
-        """The configured roles by name, in declaration order (roles set to null are left out)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if isinstance(getattr(self, f.name), WorkerConfig)
-        }
+        """The configured roles by name, in declaration order (roles set to null are left out).
+
+        A mapping of roles (such as `rewards: {math: ..., code: ...}`) gives one role per entry,
+        named `rewards.math`.
+        """
+        roles: dict[str, WorkerConfig] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, WorkerConfig):
+                roles[f.name] = value
+            elif isinstance(value, dict):
+                roles.update({f"{f.name}.{k}": v for k, v in value.items() if isinstance(v, WorkerConfig)})
+        return roles
 
     def validate(self) -> None:
         """Resolve defaults that depend on the machine and check every role; raise ConfigError."""

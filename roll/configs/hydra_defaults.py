@@ -32,10 +32,21 @@ def schema_defaults(schema: type, instance: Any = None) -> dict[str, Any]:
         value = getattr(instance, f.name)
         nested = _dataclass_in(hints[f.name])
         if nested is None:
-            defaults[f.name] = value
+            defaults[f.name] = _plain(value)
         else:
             defaults[f.name] = schema_defaults(nested, value if isinstance(value, nested) else None)
     return defaults
+
+
+def _plain(value: Any) -> Any:
+    """Dataclass instances inside containers as plain dicts (OmegaConf would type-check them)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return schema_defaults(type(value), value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _dataclass_in(tp: Any) -> type | None:

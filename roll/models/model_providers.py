@@ -17,6 +17,7 @@ from transformers import (
 )
 
 from roll.configs.worker_config import ModelArguments
+from roll.models.tiny import resolve_model_path
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 
@@ -40,7 +41,7 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer saved in `model_path`, padding on the left, with the eos token as pad when it has none."""
-    path = Path(model_path).expanduser()
+    path = Path(resolve_model_path(model_path)).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {model_path!r} ({path.resolve()}) does not exist")
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
@@ -95,7 +96,7 @@ def load_model(
 
 
 def _model_dir(model_name_or_path: str) -> Path:
-    path = Path(model_name_or_path).expanduser()
+    path = Path(resolve_model_path(model_name_or_path)).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model_args.model_name_or_path={model_name_or_path!r}: {path.resolve()} is not a local Hugging Face "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import string
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -142,3 +144,36 @@ def _read_marker(marker_file: Path) -> dict[str, Any] | None:
         return json.loads(marker_file.read_text())
     except (OSError, ValueError):
         return None
+
+
+TINY_SCHEME = "tiny://"
+
+
+def resolve_model_path(model_name_or_path: str, cache_dir: str | None = None) -> str:
+    """A local model directory for `model_name_or_path`; `tiny://...` references are built on first use.
+
+    `tiny://qwen2` or `tiny://llama?hidden_size=256&num_layers=4&seed=1` name a tiny model of
+    `TinyModelSpec` fields; it is built once under `cache_dir` (default `$ROLL_CACHE_DIR` or
+    `~/.cache/roll`), under a file lock so concurrent workers build it once. Other values pass through.
+    """
+    if not model_name_or_path.startswith(TINY_SCHEME):
+        return model_name_or_path
+    arch, _, query = model_name_or_path[len(TINY_SCHEME) :].partition("?")
+    fields: dict[str, Any] = {"arch": arch or "qwen2"}
+    seed = 0
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key == "seed":
+            seed = int(value)
+        elif key in TinyModelSpec.__dataclass_fields__ and key != "arch":
+            fields[key] = value.lower() == "true" if key == "tie_word_embeddings" else int(value)
+        else:
+            valid = ", ".join(["seed", *(k for k in TinyModelSpec.__dataclass_fields__ if k != "arch")])
+            raise ValueError(f"{model_name_or_path!r}: unknown tiny-model option {key!r}; valid: {valid}")
+    spec = TinyModelSpec(**fields)
+    root = Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll") / "tiny"
+    name = "-".join(f"{k}{v}" for k, v in sorted(asdict(spec).items())) + f"-seed{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return str(make_tiny_model(root / name, spec, seed=seed))

@@ -22,3 +22,37 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     total = (values * mask).sum() if dim is None else (values * mask).sum(dim)
     count = mask.sum() if dim is None else mask.sum(dim)
     return total / count.clamp(min=1)
+
+
+def group_stats(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean, unbiased std and size of each row's group (`[B]` -> three `[B]`); a group of one has std 0."""
+    _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
+    inverse = inverse.to(values.device)
+    counts = counts.to(device=values.device, dtype=values.dtype)
+    zeros = torch.zeros(len(counts), dtype=values.dtype, device=values.device)
+    means = zeros.index_add(0, inverse, values) / counts
+    squares = zeros.index_add(0, inverse, (values - means[inverse]) ** 2)
+    stds = (squares / (counts - 1).clamp(min=1)).sqrt()
+    return means[inverse], stds[inverse], counts[inverse]
+
+
+def response_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Log-probs of the last `response_length` tokens of `input_ids` (prompt then response): `[B, R]`."""
+    return log_probs_from_logits(logits[:, -response_length - 1 : -1], input_ids[:, -response_length:])
+
+
+def response_mask_from_ids(responses: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """1 for every response token up to and including the first EOS, 0 after it.
+
+    Without an EOS, tokens count up to the last non-pad token (a response cut at max_new_tokens).
+    """
+    is_eos = responses == eos_token_id
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    mask = ~after_eos
+    no_eos = ~is_eos.any(-1)
+    if no_eos.any():
+        non_pad = responses != pad_token_id
+        last = torch.where(non_pad, torch.arange(responses.shape[1]), -1).max(-1).values
+        within = torch.arange(responses.shape[1])[None, :] <= last[:, None]
+        mask = torch.where(no_eos[:, None], within, mask)
+    return mask.long()

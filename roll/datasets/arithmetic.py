@@ -1,0 +1,39 @@
+"""A synthetic verifiable task: small-number arithmetic with a held-out split.
+
+Every problem `a op b` with operands in `[0, max_operand]` is generated once, shuffled with a fixed
+seed and split, so held-out problems are never seen in training (neither in SFT nor in RL).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifiable example: the prompt shown to the model and the answer a reward checks."""
+
+    prompt: str
+    answer: str
+    domain: str = "math"
+
+
+def arithmetic_problems(
+    max_operand: int = 19, operations: str = "+-", held_out_fraction: float = 0.2, seed: int = 0
+) -> tuple[list[Problem], list[Problem]]:
+    """All `a op b = ?` problems, split into (train, held_out) deterministically by `seed`."""
+    unknown = set(operations) - set(OPERATIONS)
+    if unknown:
+        raise ValueError(f"unknown operation(s) {sorted(unknown)}; use some of {''.join(OPERATIONS)}")
+    problems = [
+        Problem(prompt=f"{a}{op}{b}=", answer=str(OPERATIONS[op](a, b)))
+        for op in operations
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+    ]
+    random.Random(seed).shuffle(problems)
+    held_out = max(1, int(len(problems) * held_out_fraction))
+    return problems[held_out:], problems[:held_out]

@@ -1,0 +1,79 @@
+"""The phases of one RLVR step and which roles' states each needs on its devices.
+
+Colocated roles take turns on shared devices: entering a phase loads the states of the roles it
+needs and offloads the roles that share their devices but are not needed. Nothing moves for roles
+on devices of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from roll.distributed.executor.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A named part of a step and the roles whose model states must be resident for it."""
+
+    name: str
+    resident: frozenset[str] = field(default_factory=frozenset)
+
+
+def _phase(name: str, *roles: str) -> Phase:
+    return Phase(name, frozenset(roles))
+
+
+SYNC_WEIGHTS = _phase("sync_weights", "actor_train", "actor_infer")
+GENERATE = _phase("generate", "actor_infer")
+REWARDS = _phase("rewards")
+REFERENCE_LOG_PROBS = _phase("reference_log_probs", "reference")
+OLD_LOG_PROBS = _phase("old_log_probs", "actor_train")
+VALUES = _phase("values", "critic")
+ADVANTAGES = _phase("advantages")
+CRITIC_UPDATE = _phase("critic_update", "critic")
+ACTOR_UPDATE = _phase("actor_update", "actor_train")
+
+RLVR_STEP = (
+    SYNC_WEIGHTS,
+    GENERATE,
+    REWARDS,
+    REFERENCE_LOG_PROBS,
+    OLD_LOG_PROBS,
+    VALUES,
+    ADVANTAGES,
+    CRITIC_UPDATE,
+    ACTOR_UPDATE,
+)
+
+
+class Residency:
+    """Which roles' states are on their devices; moves them as phases require and reports the bytes."""
+
+    def __init__(self, clusters: dict[str, Cluster], devices: dict[str, list[int]]) -> None:
+        self.clusters = clusters
+        self.devices = {name: set(devices.get(name, [])) for name in clusters}
+        self.resident = set(clusters)
+
+    def _shares_devices(self, role: str, others: frozenset[str]) -> bool:
+        return any(self.devices[role] & self.devices[o] for o in others if o in self.devices and o != role)
+
+    def enter(self, phase: Phase) -> dict[str, float]:
+        """Offload colocated roles the phase does not need, load the ones it does; return metrics."""
+        started = time.perf_counter()
+        moved = 0.0
+        needed = frozenset(r for r in phase.resident if r in self.clusters)
+        for role in sorted(self.resident - needed):
+            if self._shares_devices(role, needed):
+                moved += _total_bytes(self.clusters[role].offload_states())
+                self.resident.discard(role)
+        for role in sorted(needed - self.resident):
+            moved += _total_bytes(self.clusters[role].load_states())
+            self.resident.add(role)
+        prefix = f"phase/{phase.name}"
+        return {f"{prefix}/bytes_moved": moved, f"{prefix}/residency_s": time.perf_counter() - started}
+
+
+def _total_bytes(per_rank_reports: list[dict[str, float]]) -> float:
+    return float(sum(sum(report.values()) for report in per_rank_reports))

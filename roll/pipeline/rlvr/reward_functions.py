@@ -1,0 +1,21 @@
+"""Rule-based rewards. A reward function maps (prompt, response, answer) to a score in [0, 1]."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+RewardFunction = Callable[[str, str, str], float]
+
+
+def math_reward(prompt: str, response: str, answer: str) -> float:
+    """1.0 when the response's final answer equals `answer` mathematically (math-verify), else 0.0."""
+    from math_verify import parse, verify
+
+    gold = parse(answer, parsing_timeout=None)
+    predicted = parse(response, parsing_timeout=None)
+    return 1.0 if gold and predicted and verify(gold, predicted, timeout_seconds=None) else 0.0
+
+
+def exact_match_reward(prompt: str, response: str, answer: str) -> float:
+    """1.0 when the stripped response is exactly `answer`."""
+    return 1.0 if response.strip() == answer.strip() else 0.0

@@ -1,0 +1,100 @@
+"""Reward workers: score responses with a Python function, isolated so a bad function cannot stop a run."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from roll.distributed.executor.worker import Worker
+from roll.distributed.scheduler.decorator import Dispatch, register
+from roll.distributed.scheduler.protocol import DataProto
+from roll.models.model_providers import load_tokenizer
+
+_reward_fn: Callable[[str, str, str], float] | None = None
+
+
+def _load_reward_fn(dotted: str) -> None:
+    # Pool initializer: runs once in each child process.
+    global _reward_fn
+    module_name, _, name = dotted.rpartition(".")
+    _reward_fn = getattr(importlib.import_module(module_name), name)
+
+
+def _score(prompt: str, response: str, answer: str) -> float:
+    return float(_reward_fn(prompt, response, answer))  # type: ignore[misc]
+
+
+def import_reward_fn(dotted: str) -> Callable[[str, str, str], float]:
+    """The function a dotted path `package.module.function` names; ValueError when it cannot be imported."""
+    module_name, _, name = dotted.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"reward_fn {dotted!r} cannot be imported: {exc}") from exc
+    if not callable(fn):
+        raise ValueError(f"reward_fn {dotted!r} is not callable")
+    return fn
+
+
+class RewardWorker(Worker):
+    """Decodes responses and scores them in a child process, one sample at a time, each with a deadline.
+
+    A sample whose function raises, or runs past `timeout_s`, scores 0 and is counted as failed; a
+    hung child is terminated and replaced, and scoring goes on with the next sample.
+    """
+
+    @register(Dispatch.ONE_TO_ALL)
+    def initialize(self) -> None:
+        """Load the tokenizer and start the scoring process."""
+        config = self.worker_config
+        import_reward_fn(config.reward_fn)  # fail at start-up, in the driver's face, not per sample
+        self.tokenizer = load_tokenizer(config.model_args.model_name_or_path)
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> Any:
+        context = multiprocessing.get_context("spawn")
+        return context.Pool(1, initializer=_load_reward_fn, initargs=(self.worker_config.reward_fn,))
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_rewards(self, batch: DataProto) -> DataProto:
+        """`scores` and `reward_failed` per row, from `responses` / `response_mask` and the `answer` column."""
+        pad_id = self.tokenizer.pad_token_id
+        responses = batch.batch["responses"].masked_fill(batch.batch["response_mask"] == 0, pad_id)
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        samples = list(zip(batch.non_tensor_batch["prompt"], texts, batch.non_tensor_batch["answer"], strict=True))
+        scores, failed = self._score_all(samples)
+        return DataProto.from_dict(
+            tensors={"scores": torch.tensor(scores), "reward_failed": torch.tensor(failed)},
+            non_tensors={"response_text": texts},
+        )
+
+    def _score_all(self, samples: list[tuple[str, str, str]]) -> tuple[list[float], list[float]]:
+        scores: list[float] = []
+        failed: list[float] = []
+        pending = [self._pool.apply_async(_score, sample) for sample in samples]
+        for index, sample in enumerate(samples):
+            try:
+                scores.append(pending[index].get(timeout=self.worker_config.timeout_s))
+                failed.append(0.0)
+                continue
+            except multiprocessing.TimeoutError:
+                # The child is stuck in user code: replace it and resubmit the samples queued behind.
+                self._pool.terminate()
+                self._pool = self._new_pool()
+                pending[index + 1 :] = [self._pool.apply_async(_score, s) for s in samples[index + 1 :]]
+                error: Exception = TimeoutError(f"took longer than {self.worker_config.timeout_s} s")
+            except Exception as exc:  # any failure of user code scores 0 and is counted
+                error = exc
+            scores.append(0.0)
+            failed.append(1.0)
+            self.logger.warning("reward_fn failed on response %r: %r", sample[1][:80], error)
+        return scores, failed
+
+    @register(Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        """Stop the scoring process."""
+        self._pool.terminate()

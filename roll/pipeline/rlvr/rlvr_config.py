@@ -1,0 +1,117 @@
+"""Config of the RLVR pipeline: roles, data, algorithm, schedule and outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from roll.configs.base_config import PipelineConfig
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import WorkerConfig
+
+ADVANTAGE_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "rloo")
+
+
+@dataclass
+class DataArguments:
+    """Where prompts come from: JSONL files, or the built-in arithmetic task when both are empty."""
+
+    train_file: str = ""
+    eval_file: str = ""
+    max_prompt_length: int = 16
+    task_seed: int = 0
+
+
+@dataclass
+class RewardConfig(WorkerConfig):
+    """A reward cluster: the samples of its `domains`, scored by `reward_fn` with a per-sample timeout."""
+
+    worker_cls: str = "roll.pipeline.rlvr.reward_worker.RewardWorker"
+    world_size: int | None = 1
+    domains: list[str] = field(default_factory=lambda: ["math"])
+    reward_fn: str = "roll.pipeline.rlvr.reward_functions.math_reward"
+    timeout_s: float = 10.0
+
+
+@dataclass
+class AlgorithmArguments:
+    """Advantages, KL, PPO loss and reward shaping."""
+
+    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
+    gamma: float = 1.0
+    lam: float = 0.95
+    norm_adv_by_std: bool = True
+    ppo_epochs: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    value_clip: float | None = 0.5
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    entropy_coef: float = 0.0
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_penalty_coef: float = 0.0
+    adaptive_kl_target: float | None = None
+    adaptive_kl_horizon: int = 10000
+    reward_norm: Literal["none", "group", "batch"] = "none"
+    reward_clip: float | None = None
+    dynamic_sampling: bool = False
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference model is needed for a KL loss or a KL reward penalty."""
+        return self.use_kl_loss or self.kl_penalty_coef > 0 or self.adaptive_kl_target is not None
+
+
+@dataclass
+class RLVRConfig(PipelineConfig):
+    """Reinforcement learning with verifiable rewards."""
+
+    exp_name: str = "rlvr"
+    pretrain: str = ""
+    max_steps: int = 100
+    rollout_batch_size: int = 32  # prompts per step; each gets actor_infer's num_return_sequences samples
+    eval_steps: int = 10  # held-out accuracy every N steps (and before the first and after the last)
+    eval_batch_size: int = 0  # held-out problems per evaluation; 0 = all
+    save_steps: int = 0  # checkpoint every N steps; 0 = only at the end
+    resume_from_checkpoint: str = ""  # a checkpoint directory, or "latest" under output_dir/checkpoints
+    logging_steps: int = 1
+    num_log_samples: int = 2
+    weight_sync_bucket_mb: int = 64
+    data: DataArguments = field(default_factory=DataArguments)
+    algorithm: AlgorithmArguments = field(default_factory=AlgorithmArguments)
+    actor_train: WorkerConfig = field(default_factory=WorkerConfig)
+    actor_infer: WorkerConfig = field(default_factory=WorkerConfig)
+    reference: WorkerConfig | None = None
+    critic: WorkerConfig | None = None
+    rewards: dict[str, RewardConfig] = field(default_factory=lambda: {"math": RewardConfig()})
+
+    def validate(self) -> None:
+        """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
+        super().validate()
+        samples = self.rollout_batch_size * self.actor_infer.generating_args.num_return_sequences
+        self.check_divisible("rollout_batch_size", self.rollout_batch_size, self.actor_infer)
+        for role in (self.actor_train, self.reference, self.critic):
+            if role is not None:
+                self.check_divisible("rollout_batch_size x num_return_sequences", samples, role)
+        args = self.actor_train.training_args
+        step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.actor_train.dp_size
+        if samples % step_rows:
+            raise ConfigError(
+                f"a rollout of {samples} samples is not a whole number of optimizer steps of {step_rows} rows "
+                f"(actor_train per_device_train_batch_size x gradient_accumulation_steps x dp size)"
+            )
+        algorithm = self.algorithm
+        if algorithm.adv_estimator == "gae" and self.critic is None:
+            raise ConfigError("algorithm.adv_estimator=gae needs a critic role; configure critic or use grpo")
+        if algorithm.adv_estimator in ("grpo", "rloo") and self.actor_infer.generating_args.num_return_sequences < 2:
+            raise ConfigError(
+                f"algorithm.adv_estimator={algorithm.adv_estimator} compares samples of one prompt: "
+                "set actor_infer.generating_args.num_return_sequences to 2 or more"
+            )
+        if algorithm.needs_reference and self.reference is None:
+            raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
+        domains = [d for reward in self.rewards.values() for d in reward.domains]
+        if not self.rewards or len(domains) != len(set(domains)):
+            raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")

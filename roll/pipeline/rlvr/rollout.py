@@ -1,0 +1,77 @@
+"""Driver-side processing of a rollout: rewards into token rewards, KL, advantages, dynamic sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.rlvr.rlvr_config import AlgorithmArguments
+from roll.utils import reward_processing
+from roll.utils.advantages import get_advantage_estimator
+from roll.utils.functionals import masked_mean
+from roll.utils.kl import apply_kl_penalty
+
+
+def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's score on its last response token, zero elsewhere: `[B]` -> `[B, R]`."""
+    token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0)
+    token_rewards[torch.arange(len(scores)), last] = scores.float()
+    return token_rewards * response_mask
+
+
+def compute_advantages(
+    batch: DataProto, group_index: torch.Tensor, algorithm: AlgorithmArguments, kl_coef: float
+) -> tuple[DataProto, dict[str, float]]:
+    """Add `token_rewards`, `advantages` and `returns` to `batch`; return it with reward/KL metrics."""
+    data = batch.batch
+    mask = data["response_mask"]
+    scores = reward_processing.normalize_scores(data["scores"].float(), group_index, algorithm.reward_norm)
+    if algorithm.reward_clip is not None:
+        scores = reward_processing.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
+    token_rewards = outcome_token_rewards(scores, mask)
+    metrics: dict[str, float] = {}
+    if "ref_log_probs" in data:
+        penalty_coef = kl_coef if algorithm.kl_penalty_coef > 0 or algorithm.adaptive_kl_target else 0.0
+        token_rewards, sequence_kl = apply_kl_penalty(
+            token_rewards, data["old_log_probs"], data["ref_log_probs"], mask, penalty_coef, algorithm.kl_kind
+        )
+        metrics["actor/kl"] = sequence_kl.mean().item()
+        metrics["actor/kl_coef"] = penalty_coef
+    estimator = get_advantage_estimator(algorithm.adv_estimator)
+    extra = {"norm_by_std": algorithm.norm_adv_by_std} if algorithm.adv_estimator == "grpo" else {}
+    advantages, returns = estimator(
+        token_rewards,
+        mask,
+        values=data.get("values"),
+        group_index=group_index,
+        gamma=algorithm.gamma,
+        lam=algorithm.lam,
+        **extra,
+    )
+    metrics["critic/advantages_mean"] = masked_mean(advantages, mask).item()
+    metrics["critic/returns_mean"] = masked_mean(returns, mask).item()
+    added = DataProto.from_dict(tensors={"token_rewards": token_rewards, "advantages": advantages, "returns": returns})
+    return batch.union(added), metrics
+
+
+def keep_informative_groups(
+    batch: DataProto, group_index: torch.Tensor, rows_per_step: int
+) -> tuple[DataProto, torch.Tensor, dict[str, float]]:
+    """Dynamic sampling: drop groups whose samples all scored the same (they carry no GRPO signal).
+
+    The kept rows are cut to a whole number of optimizer steps (`rows_per_step`), dropping whole
+    groups from the end, so every data-parallel rank gets full micro-batches. May return no rows.
+    """
+    keep = reward_processing.dynamic_sampling_keep(batch.batch["scores"], group_index)
+    kept_groups = torch.unique_consecutive(group_index[keep])
+    group_size = int((group_index == group_index[0]).sum())
+    groups_per_step = max(1, rows_per_step // group_size)
+    usable = (len(kept_groups) // groups_per_step) * groups_per_step
+    chosen = torch.isin(group_index, kept_groups[:usable])
+    indices = torch.nonzero(chosen).squeeze(-1)
+    metrics = {
+        "rollout/kept_fraction": chosen.float().mean().item(),
+        "rollout/informative_groups": float(len(kept_groups)),
+    }
+    return batch[indices], group_index[indices], metrics

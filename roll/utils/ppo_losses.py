@@ -1,0 +1,114 @@
+"""Actor and critic loss terms over response tokens, and the token/sequence aggregation they share."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from roll.utils.functionals import masked_mean
+from roll.utils.kl import KLKind, kl_estimate
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+# exp(20) ~ 5e8: large enough never to bind on real tokens, small enough that a garbage log-prob under the
+# mask cannot overflow to inf (inf * 0 is nan in masked reductions).
+_MAX_LOG_RATIO = 20.0
+
+
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean") -> torch.Tensor:
+    """Reduce `loss_mat[B, T]` to a scalar over masked-in tokens.
+
+    token-mean: Σ l·m / Σ m; seq-mean-token-mean: mean over sequences of their token mean;
+    seq-mean-token-sum: mean over sequences of their token sum. Sequence means skip fully masked rows.
+    """
+    mask = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    if mode == "seq-mean-token-mean":
+        per_sequence = masked_mean(loss_mat, mask, dim=-1)
+    elif mode == "seq-mean-token-sum":
+        per_sequence = (loss_mat * mask).sum(-1)
+    else:
+        raise ValueError(
+            f"unknown loss aggregation mode {mode!r}; valid: 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum'"
+        )
+    return masked_mean(per_sequence, mask.amax(-1))
+
+
+def policy_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg_mode: AggMode = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate `max(-A·ρ, -A·clip(ρ, 1 - clip_low, 1 + clip_high))`, `ρ = exp(logp - old_logp)`.
+
+    With `dual_clip = c > 1`, tokens with A < 0 are further bounded by `-c·A`. Metrics (detached):
+    clipfrac (clip term binds), dual_clipfrac (dual bound binds), approx_kl (k1 mean of old vs new), ratio_mean.
+    """
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    mask = response_mask.to(log_probs.dtype)
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(mask, dtype=torch.bool)
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        dual_active = (advantages < 0) & (loss_mat > bound)
+        loss_mat = torch.where(dual_active, bound, loss_mat)
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": masked_mean((clipped > unclipped).to(mask.dtype), mask),
+            "dual_clipfrac": masked_mean(dual_active.to(mask.dtype), mask),
+            "approx_kl": masked_mean(kl_estimate(old_log_probs, log_probs, "k1"), mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return aggregate_loss(loss_mat, mask, agg_mode), metrics
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip: float | None = None,
+    agg_mode: AggMode = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss `0.5·max((V - R)², (V_old + clip(V - V_old, -clip, clip) - R)²)`; `clip=None`: `0.5·(V - R)²`.
+
+    Metrics (detached): clipfrac, the fraction of tokens where the clipped error is the larger one.
+    """
+    mask = response_mask.to(values.dtype)
+    clipped_values = values if clip is None else old_values + (values - old_values).clamp(-clip, clip)
+    unclipped_error = (values - returns) ** 2
+    clipped_error = (clipped_values - returns) ** 2
+    loss_mat = 0.5 * torch.maximum(unclipped_error, clipped_error)
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean((clipped_error > unclipped_error).to(mask.dtype), mask)}
+    return aggregate_loss(loss_mat, mask, agg_mode), metrics
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of `softmax(logits)` per position (`[..., V]` -> `[...]`): `logsumexp(z) - Σ softmax(z)·z`, in fp32."""
+    logits = logits.float()
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def kl_loss(
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    kind: KLKind = "k3",
+    agg_mode: AggMode = "token-mean",
+) -> torch.Tensor:
+    """KL-to-reference loss term: `aggregate_loss(kl_estimate(log_probs, ref_log_probs, kind), mask, agg_mode)`."""
+    return aggregate_loss(kl_estimate(log_probs, ref_log_probs, kind), mask, agg_mode)
