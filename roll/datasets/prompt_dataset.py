@@ -6,6 +6,7 @@ import json
 import random
 from collections.abc import Sequence
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from roll.datasets.arithmetic import Problem, arithmetic_problems
@@ -101,3 +102,29 @@ class PromptSampler:
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id used for padding (the EOS id when the tokenizer has no pad token)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def encode_demonstrations(
+    problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int, max_response_length: int
+) -> DataProto:
+    """Prompts (left-padded) followed by their answers and EOS (right-padded), for supervised training.
+
+    The layout matches a rollout: `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`.
+    """
+    prompts = encode_prompts(problems, tokenizer, max_prompt_length)
+    answers = [tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for p in problems]
+    if max(len(a) for a in answers) > max_response_length:
+        raise ValueError(f"an answer is longer than max_response_length={max_response_length} tokens")
+    width = max(len(a) for a in answers)
+    pad = pad_token_id(tokenizer)
+    responses = torch.tensor([a + [pad] * (width - len(a)) for a in answers])
+    response_mask = torch.tensor([[1] * len(a) + [0] * (width - len(a)) for a in answers])
+    prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+    }
+    return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch)

@@ -19,7 +19,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.factory import create_strategy
 from roll.models.model_providers import ModelKind, load_model, load_tokenizer
 from roll.utils import ppo_losses
-from roll.utils.functionals import response_log_probs, response_mask_from_ids
+from roll.utils.functionals import masked_mean, response_log_probs, response_mask_from_ids
 
 
 @dataclass
@@ -151,6 +151,17 @@ class ActorWorker(StrategyWorker):
             }
 
         return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
+
+    @register(Dispatch.DP_COMPUTE)
+    def sft_step(self, batch: DataProto) -> dict[str, float]:
+        """Supervised update: mean negative log-likelihood of the response tokens."""
+        response_length = batch.batch["responses"].shape[1]
+
+        def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            log_probs = response_log_probs(output.logits, micro_batch.batch["input_ids"], response_length)
+            return -masked_mean(log_probs, micro_batch.batch["response_mask"]), {}
+
+        return self.strategy.train_step(batch, loss_func)
 
     @register(Dispatch.DP_COMPUTE)
     def train_step(self, batch: DataProto, loss_config: PPOLossConfig) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 RewardFunction = Callable[[str, str, str], float]
@@ -11,9 +12,11 @@ def math_reward(prompt: str, response: str, answer: str) -> float:
     """1.0 when the response's final answer equals `answer` mathematically (math-verify), else 0.0."""
     from math_verify import parse, verify
 
-    gold = parse(answer, parsing_timeout=None)
-    predicted = parse(response, parsing_timeout=None)
-    return 1.0 if gold and predicted and verify(gold, predicted, timeout_seconds=None) else 0.0
+    # math-verify's own timeouts use SIGALRM, which only the main thread may set.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse(answer, parsing_timeout=timeout)
+    predicted = parse(response, parsing_timeout=timeout)
+    return 1.0 if gold and predicted and verify(gold, predicted, timeout_seconds=timeout) else 0.0
 
 
 def exact_match_reward(prompt: str, response: str, answer: str) -> float:

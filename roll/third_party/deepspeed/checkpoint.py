@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from roll.utils.fileio import write_text_atomically
+
 ENGINE_TAG = "state"
 UNIVERSAL_TAG = "state_universal"
 MARKER = "roll_checkpoint.json"
@@ -36,12 +38,6 @@ LATEST = "latest"
 
 def _rank_and_world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def save(engine: Any, save_dir: str, tag: str, client_state: dict[str, Any]) -> str:
@@ -65,7 +61,7 @@ def save(engine: Any, save_dir: str, tag: str, client_state: dict[str, Any]) -> 
             os.replace(final, retired)
             shutil.rmtree(retired)
         os.replace(staging, final)
-        _write_atomically(root / LATEST, tag)
+        write_text_atomically(root / LATEST, tag)
     dist.barrier()
     return str(final)
 

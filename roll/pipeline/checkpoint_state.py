@@ -1,0 +1,38 @@
+"""The driver's part of a pipeline checkpoint: step, data position and controller state, as JSON.
+
+Written after every role has saved its own checkpoint under the same tag, and pointed to by
+`latest` only once complete, so a crash mid-save never becomes the checkpoint a resume picks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from roll.utils.fileio import write_text_atomically
+
+STATE_FILE = "driver_state.json"
+LATEST = "latest"
+
+
+def save_driver_state(root: Path, tag: str, state: dict[str, Any]) -> str:
+    """Write `root/tag/driver_state.json` and make `tag` the latest checkpoint; return the directory."""
+    directory = root / tag
+    directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(directory / STATE_FILE, json.dumps(state))
+    write_text_atomically(root / LATEST, tag)
+    return str(directory)
+
+
+def load_driver_state(root: Path, tag: str | None) -> dict[str, Any]:
+    """The driver state of checkpoint `tag` (the latest complete one when None); FileNotFoundError if absent."""
+    if tag is None:
+        latest = root / LATEST
+        if not latest.is_file():
+            raise FileNotFoundError(f"resume_from_checkpoint=latest but {root} holds no complete checkpoint")
+        tag = latest.read_text().strip()
+    state_file = root / tag / STATE_FILE
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{root / tag} is not a complete checkpoint (no {STATE_FILE})")
+    return json.loads(state_file.read_text())

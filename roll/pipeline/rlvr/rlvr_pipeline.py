@@ -1,0 +1,318 @@
+"""The RLVR driver loop: generate, reward, score, compute advantages, update; one phase at a time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, task_problems
+from roll.distributed.scheduler.protocol import DataProto
+from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import resolve_model_path
+from roll.pipeline import checkpoint_state
+from roll.pipeline.base_pipeline import BasePipeline
+from roll.pipeline.base_worker import PPOLossConfig
+from roll.pipeline.evaluation import greedy_accuracy
+from roll.pipeline.rlvr import phases
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rlvr.rollout import compute_advantages, keep_informative_groups
+from roll.utils.kl import AdaptiveKLController, FixedKLController
+from roll.utils.reward_processing import group_index_from_repeat
+from roll.utils.tracking import MetricsTracker
+
+logger = logging.getLogger(__name__)
+
+
+class RLVRPipeline(BasePipeline):
+    """Reinforcement learning with verifiable rewards over the configured roles."""
+
+    config: RLVRConfig
+
+    def __init__(self, config: RLVRConfig) -> None:
+        super().__init__(config)
+        for role in config.roles().values():
+            resolve_model_path(role.model_args.model_name_or_path)  # build tiny models once, here
+        self.tokenizer = load_tokenizer(config.actor_train.model_args.model_name_or_path)
+        self.train_problems, self.eval_problems = task_problems(
+            config.data.train_file, config.data.eval_file, config.data.task_seed
+        )
+        if config.eval_batch_size:
+            self.eval_problems = self.eval_problems[: config.eval_batch_size]
+        self.sampler = PromptSampler(self.train_problems, config.rollout_batch_size, config.seed)
+        algorithm = config.algorithm
+        self.kl_controller = (
+            AdaptiveKLController(algorithm.kl_penalty_coef, algorithm.adaptive_kl_target, algorithm.adaptive_kl_horizon)
+            if algorithm.adaptive_kl_target is not None
+            else FixedKLController(algorithm.kl_penalty_coef)
+        )
+        self.loss_config = PPOLossConfig(
+            clip_low=algorithm.clip_low,
+            clip_high=algorithm.clip_high,
+            dual_clip=algorithm.dual_clip,
+            loss_agg_mode=algorithm.loss_agg_mode,
+            entropy_coef=algorithm.entropy_coef,
+            use_kl_loss=algorithm.use_kl_loss,
+            kl_loss_coef=algorithm.kl_loss_coef,
+            kl_kind=algorithm.kl_kind,
+            value_clip=algorithm.value_clip,
+        )
+        self.run_dir = Path(config.output_dir) / config.exp_name
+        self._start_roles()
+        self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.weights_stale = False
+
+    def _start_roles(self) -> None:
+        names = ["actor_train", "actor_infer", *(r for r in ("reference", "critic") if self._wants(r))]
+        names += [f"rewards.{key}" for key in self.config.rewards]
+        for name in names:
+            self.start_cluster(name)
+        # Roles build their models concurrently.
+        for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
+            future.get()
+
+    def _wants(self, role: str) -> bool:
+        config = self.config
+        if role == "reference":
+            return config.reference is not None and config.algorithm.needs_reference
+        return config.critic is not None and config.algorithm.adv_estimator == "gae"
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def _enter(self, phase: phases.Phase, timings: dict[str, float]) -> None:
+        timings.update(self.residency.enter(phase))
+
+    def sync_weights(self) -> dict[str, float]:
+        """Push actor_train's weights to actor_infer (through Ray's shared-memory object store)."""
+        started = time.perf_counter()
+        bucket_bytes = self.config.weight_sync_bucket_mb * 2**20
+        buckets = next(b for b in self.clusters["actor_train"].weight_buckets(bucket_bytes) if b is not None)
+        loaded = self.clusters["actor_infer"].load_weight_buckets(buckets)[0]
+        self.weights_stale = False
+        return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started}
+
+    def score(self, batch: DataProto) -> torch.Tensor:
+        """Scores of every row from the reward cluster of its domain (rows keep their order)."""
+        return self._rewards(batch).batch["scores"]
+
+    def _rewards(self, batch: DataProto) -> DataProto:
+        domains = batch.non_tensor_batch["domain"]
+        parts, futures = [], []
+        for key, reward in self.config.rewards.items():
+            rows = torch.tensor([i for i, d in enumerate(domains) if d in reward.domains], dtype=torch.long)
+            if len(rows):
+                padded, pad = batch[rows].pad_to_divisor(self.clusters[f"rewards.{key}"].world_size)
+                futures.append((self.clusters[f"rewards.{key}"].compute_rewards(padded, blocking=False), pad))
+                parts.append(rows)
+        unserved = set(domains) - {d for r in self.config.rewards.values() for d in r.domains}
+        if unserved:
+            raise ValueError(f"no reward cluster serves domain(s) {sorted(unserved)}; add them to a rewards.*.domains")
+        results = [future.get().unpad(pad) for future, pad in futures]
+        order = torch.argsort(torch.cat(parts))
+        return DataProto.concat(results)[order]
+
+    def step(self, step: int) -> dict[str, float]:
+        """One RL step through the phases; return its metrics."""
+        config, clusters, timings = self.config, self.clusters, {}
+        metrics: dict[str, float] = {}
+        phase_started = time.perf_counter
+
+        def timed(name: str, started: float) -> None:
+            timings[f"time/{name}_s"] = time.perf_counter() - started
+
+        if self.weights_stale:
+            self._enter(phases.SYNC_WEIGHTS, timings)
+            started = phase_started()
+            metrics.update(self.sync_weights())
+            timed("sync_weights", started)
+
+        self._enter(phases.GENERATE, timings)
+        started = phase_started()
+        prompts = encode_prompts(self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length)
+        generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
+        batch = clusters["actor_infer"].generate(prompts, generating_args)
+        n = generating_args.num_return_sequences
+        group_index = group_index_from_repeat(len(prompts), n, interleave=True)
+        timed("generate", started)
+
+        self._enter(phases.REWARDS, timings)
+        started = phase_started()
+        rewards = self._rewards(batch)
+        batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
+        batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
+        timed("rewards", started)
+        metrics.update(self._rollout_metrics(batch))
+        self._log_samples(batch, step)
+
+        if config.algorithm.dynamic_sampling:
+            args = config.actor_train.training_args
+            rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            batch, group_index, kept = keep_informative_groups(
+                batch, group_index, rows_per_step * config.actor_train.dp_size
+            )
+            metrics.update(kept)
+            if len(batch) == 0:
+                return metrics | timings
+
+        if "reference" in clusters:
+            self._enter(phases.REFERENCE_LOG_PROBS, timings)
+            started = phase_started()
+            batch = batch.union(clusters["reference"].compute_log_probs(batch).rename("log_probs", "ref_log_probs"))
+            timed("reference_log_probs", started)
+
+        self._enter(phases.OLD_LOG_PROBS, timings)
+        started = phase_started()
+        batch = batch.union(clusters["actor_train"].compute_log_probs(batch).rename("log_probs", "old_log_probs"))
+        timed("old_log_probs", started)
+
+        if "critic" in clusters:
+            self._enter(phases.VALUES, timings)
+            started = phase_started()
+            batch = batch.union(clusters["critic"].compute_values(batch))
+            timed("values", started)
+
+        self._enter(phases.ADVANTAGES, timings)
+        started = phase_started()
+        batch, advantage_metrics = compute_advantages(batch, group_index, config.algorithm, self.kl_controller.value)
+        metrics.update(advantage_metrics)
+        if "actor/kl" in metrics:
+            self.kl_controller.update(metrics["actor/kl"], len(batch))
+        timed("advantages", started)
+
+        train_batch = batch.select(batch_keys=[k for k in batch.batch if k != "scores"], non_tensor_keys=[])
+        if "critic" in clusters:
+            self._enter(phases.CRITIC_UPDATE, timings)
+            started = phase_started()
+            for _ in range(config.algorithm.ppo_epochs):
+                metrics.update(_prefixed("critic", clusters["critic"].train_step(train_batch, self.loss_config)))
+            timed("critic_update", started)
+
+        self._enter(phases.ACTOR_UPDATE, timings)
+        started = phase_started()
+        for _ in range(config.algorithm.ppo_epochs):
+            metrics.update(_prefixed("actor", clusters["actor_train"].train_step(train_batch, self.loss_config)))
+        self.weights_stale = True
+        timed("actor_update", started)
+        return metrics | timings
+
+    def _rollout_metrics(self, batch: DataProto) -> dict[str, float]:
+        data = batch.batch
+        lengths = data["response_mask"].sum(-1).float()
+        return {
+            "rollout/score_mean": data["scores"].float().mean().item(),
+            "rollout/accuracy": (data["scores"] >= 1).float().mean().item(),
+            "rollout/reward_failed": data["reward_failed"].sum().item(),
+            "rollout/response_length_mean": lengths.mean().item(),
+            "rollout/response_length_max": lengths.max().item(),
+        }
+
+    def _log_samples(self, batch: DataProto, step: int) -> None:
+        for i in range(min(self.config.num_log_samples, len(batch))):
+            logger.info(
+                "step %d sample %d: %r -> %r (answer %r, score %.1f)",
+                step,
+                i,
+                batch.non_tensor_batch["prompt"][i],
+                batch.non_tensor_batch["response_text"][i],
+                batch.non_tensor_batch["answer"][i],
+                batch.batch["scores"][i].item(),
+            )
+
+    # ---- evaluation, checkpoints, the loop -------------------------------------------------
+
+    def evaluate(self) -> float:
+        """Greedy held-out accuracy of the current policy (actor_infer with the latest weights)."""
+        if self.weights_stale:
+            self.residency.enter(phases.SYNC_WEIGHTS)
+            self.sync_weights()
+        self.residency.enter(phases.GENERATE)
+        accuracy, _ = greedy_accuracy(
+            self.clusters["actor_infer"],
+            self.eval_problems,
+            self.tokenizer,
+            self.config.actor_infer.generating_args,
+            self.config.data.max_prompt_length,
+            self.score,
+        )
+        return accuracy
+
+    def save(self, step: int, history_accuracy: list[float]) -> str:
+        """Checkpoint the trained roles and the driver's state at `step`; return the checkpoint path."""
+        root = self.run_dir / "checkpoints"
+        tag = f"step_{step}"
+        self.residency.enter(phases.ACTOR_UPDATE)
+        self.clusters["actor_train"].save_checkpoint(str(root / "actor_train"), tag)
+        if "critic" in self.clusters:
+            self.residency.enter(phases.CRITIC_UPDATE)
+            self.clusters["critic"].save_checkpoint(str(root / "critic"), tag)
+        state = {
+            "step": step,
+            "sampler": self.sampler.state_dict(),
+            "kl_coef": self.kl_controller.value,
+            "val_accuracy_history": history_accuracy,
+        }
+        return checkpoint_state.save_driver_state(root, tag, state)
+
+    def resume(self) -> dict:
+        """Restore roles and driver state from `resume_from_checkpoint`; return the driver state."""
+        root = self.run_dir / "checkpoints"
+        requested = self.config.resume_from_checkpoint
+        tag = None if requested == "latest" else Path(requested).name
+        state = checkpoint_state.load_driver_state(root, tag)
+        tag = f"step_{state['step']}"
+        self.residency.enter(phases.ACTOR_UPDATE)
+        self.clusters["actor_train"].load_checkpoint(str(root / "actor_train"), tag)
+        if "critic" in self.clusters:
+            self.residency.enter(phases.CRITIC_UPDATE)
+            self.clusters["critic"].load_checkpoint(str(root / "critic"), tag)
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_controller.value = state["kl_coef"]
+        self.weights_stale = True
+        return state
+
+    def run(self) -> dict[str, float]:
+        """Train for `max_steps`; print and return held-out accuracy before and after."""
+        config = self.config
+        start_step, accuracies = 0, []
+        if config.resume_from_checkpoint:
+            state = self.resume()
+            start_step, accuracies = state["step"], state["val_accuracy_history"]
+        tracker = MetricsTracker(str(self.run_dir / "logs"), resume_history=bool(config.resume_from_checkpoint))
+        if start_step:
+            tracker.truncate(start_step)
+        else:
+            accuracies.append(self.evaluate())
+            tracker.log({"val/accuracy": accuracies[-1]}, 0)
+        progress = tqdm(range(start_step + 1, config.max_steps + 1), desc="rlvr", dynamic_ncols=True)
+        for step in progress:
+            started = time.perf_counter()
+            metrics = self.step(step)
+            if step % config.eval_steps == 0 or step == config.max_steps:
+                accuracies.append(self.evaluate())
+                metrics["val/accuracy"] = accuracies[-1]
+            metrics["time/step_s"] = time.perf_counter() - started
+            tracker.log(metrics, step)
+            progress.set_postfix(
+                step_s=f"{metrics['time/step_s']:.1f}",
+                reward=f"{metrics.get('rollout/score_mean', float('nan')):.2f}",
+                val_acc=f"{accuracies[-1]:.2f}",
+            )
+            if config.save_steps and step % config.save_steps == 0 and step != config.max_steps:
+                self.save(step, accuracies)
+        self.save(config.max_steps, accuracies)
+        plots = tracker.close()
+        summary = {"val_accuracy_before": accuracies[0], "val_accuracy_after": accuracies[-1]}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"logs, TensorBoard events and plots ({len(plots)} PNG) in {tracker.log_dir}", flush=True)
+        print(f"val accuracy {accuracies[0]:.2f} -> {accuracies[-1]:.2f}", flush=True)
+        return summary
+
+
+def _prefixed(prefix: str, per_rank: list[dict[str, float]]) -> dict[str, float]:
+    # Train metrics are already averaged over ranks by the strategy: rank 0 speaks for all.
+    return {f"{prefix}/{k}": v for k, v in per_rank[0].items()}

@@ -1,0 +1,93 @@
+"""Supervised fine-tuning on demonstrations, on the same strategy layer as RL; ends with a HF export."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from roll.configs.worker_config import GeneratingArguments
+from roll.datasets.prompt_dataset import PromptSampler, encode_demonstrations, task_problems
+from roll.distributed.scheduler.protocol import DataProto
+from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import resolve_model_path
+from roll.pipeline.base_pipeline import BasePipeline
+from roll.pipeline.evaluation import greedy_accuracy
+from roll.pipeline.rlvr.reward_functions import math_reward
+from roll.pipeline.sft.sft_config import SFTConfig
+from roll.utils.tracking import MetricsTracker
+
+EXPORT_MARKER = "roll_sft.json"
+
+
+def exported_accuracy(export_dir: str) -> float | None:
+    """Held-out accuracy recorded by a finished export, or None when there is none."""
+    marker = Path(export_dir) / EXPORT_MARKER
+    return json.loads(marker.read_text())["val_accuracy"] if marker.is_file() else None
+
+
+class SFTPipeline(BasePipeline):
+    """Trains `actor_train` on (prompt, answer) demonstrations and writes `export_dir`."""
+
+    config: SFTConfig
+
+    def __init__(self, config: SFTConfig) -> None:
+        super().__init__(config)
+        model_path = resolve_model_path(config.actor_train.model_args.model_name_or_path)
+        self.tokenizer = load_tokenizer(model_path)
+        self.train_problems, self.eval_problems = task_problems(
+            config.data.train_file, config.data.eval_file, config.data.task_seed
+        )
+        self.sampler = PromptSampler(self.train_problems, config.batch_size, config.seed)
+        self.generating_args = GeneratingArguments(max_new_tokens=config.max_response_length)
+
+    def _score(self, batch: DataProto) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
+        answers = batch.non_tensor_batch["answer"]
+        return torch.tensor([math_reward("", t, a) for t, a in zip(texts, answers, strict=True)])
+
+    def evaluate(self) -> float:
+        """Greedy held-out accuracy of the model being trained."""
+        accuracy, _ = greedy_accuracy(
+            self.clusters["actor_train"],
+            self.eval_problems,
+            self.tokenizer,
+            self.generating_args,
+            self.config.data.max_prompt_length,
+            self._score,
+        )
+        return accuracy
+
+    def run(self) -> float:
+        """Train, evaluate every `eval_steps`, export; return the final held-out accuracy."""
+        config = self.config
+        if config.skip_if_exported and exported_accuracy(config.model_export_dir) is not None:
+            accuracy = exported_accuracy(config.model_export_dir)
+            print(f"SFT model already exported in {config.model_export_dir} (val accuracy {accuracy:.2f})")
+            return accuracy
+        actor = self.start_cluster("actor_train")
+        actor.initialize()
+        tracker = MetricsTracker(f"{config.output_dir}/{config.exp_name}/logs")
+        progress = tqdm(range(1, config.max_steps + 1), desc="sft", dynamic_ncols=True)
+        accuracy = self.evaluate()
+        tracker.log({"val/accuracy": accuracy}, 0)
+        for step in progress:
+            started = time.perf_counter()
+            batch = encode_demonstrations(
+                self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length, config.max_response_length
+            )
+            metrics = actor.sft_step(batch)[0]
+            metrics["time/step_s"] = time.perf_counter() - started
+            if step % config.eval_steps == 0 or step == config.max_steps:
+                accuracy = metrics["val/accuracy"] = self.evaluate()
+            tracker.log(metrics, step)
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}", val_acc=f"{accuracy:.2f}")
+        tracker.close()
+        export_dir = config.model_export_dir
+        actor.export_hf(export_dir)
+        (Path(export_dir) / EXPORT_MARKER).write_text(json.dumps({"val_accuracy": accuracy, "steps": config.max_steps}))
+        print(f"SFT done: val accuracy {accuracy:.2f}; model exported to {export_dir}", flush=True)
+        return accuracy

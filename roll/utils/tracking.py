@@ -1,0 +1,82 @@
+"""Metrics of a run: TensorBoard events, a JSONL history, and PNG plots of the main curves."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+PLOTTED = {
+    "reward": "rollout/score_mean",
+    "accuracy": "val/accuracy",
+    "kl": "actor/kl",
+    "response_length": "rollout/response_length_mean",
+}
+
+
+class MetricsTracker:
+    """Writes every logged step to TensorBoard and `metrics.jsonl` under `log_dir`; plots on `close`."""
+
+    def __init__(self, log_dir: str, resume_history: bool = False) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.history_file = self.log_dir / "metrics.jsonl"
+        self.history: list[dict[str, float]] = []
+        if resume_history and self.history_file.is_file():
+            self.history = [json.loads(line) for line in self.history_file.read_text().splitlines() if line]
+        elif self.history_file.exists():
+            self.history_file.unlink()
+        self.writer = SummaryWriter(str(self.log_dir / "tensorboard"))
+
+    def truncate(self, step: int) -> None:
+        """Forget steps after `step` (a resumed run recomputes them)."""
+        self.history = [row for row in self.history if row["step"] <= step]
+        self.history_file.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record `metrics` at `step`."""
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(row)
+        with self.history_file.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """Steps and values of one metric across the history."""
+        points = [(int(row["step"]), row[key]) for row in self.history if key in row]
+        return [s for s, _ in points], [v for _, v in points]
+
+    def plot(self) -> list[Path]:
+        """One PNG per plotted curve that has data; return their paths."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        paths = []
+        for name, key in PLOTTED.items():
+            steps, values = self.series(key)
+            if not steps:
+                continue
+            figure, axis = plt.subplots(figsize=(5, 3.2))
+            axis.plot(steps, values, marker="o" if len(steps) < 30 else None)
+            axis.set_xlabel("step")
+            axis.set_ylabel(key)
+            axis.set_title(name.replace("_", " "))
+            axis.grid(alpha=0.3)
+            figure.tight_layout()
+            path = self.log_dir / f"{name}.png"
+            figure.savefig(path, dpi=100)
+            plt.close(figure)
+            paths.append(path)
+        return paths
+
+    def close(self) -> list[Path]:
+        """Flush TensorBoard and write the plots."""
+        self.writer.close()
+        return self.plot()
