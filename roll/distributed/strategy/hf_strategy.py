@@ -33,6 +33,18 @@ class HfInferStrategy(InferenceStrategy):
             self.model, batch, generating_args, self.worker_config.infer_batch_size, self.device
         )
 
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy full weights by Hugging Face name into the model; a name or shape it lacks is an error."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            target = params.get(name)
+            if target is None:
+                raise KeyError(f"hf_infer: the model has no parameter {name!r} to load")
+            if target.shape != tensor.shape:
+                raise ValueError(f"hf_infer: {name} has shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
+            with torch.no_grad():
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
     def shutdown(self) -> None:
         """Drop the model."""
         self.model = None

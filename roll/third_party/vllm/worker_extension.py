@@ -1,0 +1,42 @@
+"""Methods mixed into every vLLM worker (`LLM(worker_extension_cls=...)`), called with `LLM.collective_rpc`.
+
+A weight sync is a session: `roll_begin_weight_sync`, one `roll_load_weights` per bucket, then
+`roll_finish_weight_sync`. It uses vLLM's layerwise reload, which rebuilds a layer (fused q/k/v,
+gate/up, repacked CPU kernels) once every part of it has arrived, whichever bucket each part came
+in. Loading each bucket as its own `reload_weights` call instead would rebuild a layer from only the
+parts in that bucket and leave the rest uninitialised. The method names must not collide with the
+worker's own (the CPU worker already has `update_weights`), hence the `roll_` prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+# A bucket arrives as the tensors themselves when the engine runs in the caller's process, or as the
+# path of a safetensors file when it runs in other processes (tensors do not survive the RPC there).
+Bucket = list[tuple[str, torch.Tensor]] | str
+
+
+class WeightSyncExtension:
+    """Streams Hugging Face-named weights into the model this vLLM worker runs, in place."""
+
+    model_runner: object  # set by the vLLM worker this class is mixed into
+
+    def roll_begin_weight_sync(self) -> None:
+        """Start a sync: layers wait, on the meta device, until all of their weights have been loaded."""
+        initialize_layerwise_reload(self.model_runner.get_model())
+
+    def roll_load_weights(self, bucket: Bucket) -> None:
+        """Load one bucket of `(name, tensor)` pairs (or a safetensors file of them) into the open sync."""
+        named_tensors = load_file(bucket).items() if isinstance(bucket, str) else bucket
+        self.model_runner.get_model().load_weights(iter(named_tensors))
+
+    def roll_finish_weight_sync(self) -> None:
+        """Close the sync: put back untouched layers and drop caches derived from the old weights."""
+        runner = self.model_runner
+        finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        runner.reset_lora_state()
+        runner.reset_encoder_cache()
+        runner.reset_mm_cache()
