@@ -14,6 +14,8 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.sft.sft_config import SFTConfig
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 DEEPSPEED_BLOCKS = sorted(p.stem for p in CONFIG_DIR.glob("deepspeed_zero*.yaml"))
@@ -25,12 +27,18 @@ EXPECTED_STAGES = {
     "deepspeed_zero3_cpuoffload": 3,
 }
 
-PIPELINE_SCHEMAS = {"cluster_check": ClusterCheckConfig}
+PIPELINE_SCHEMAS = {
+    "cluster_check": ClusterCheckConfig,
+    "sft_arithmetic": SFTConfig,
+    "rlvr_arithmetic": RLVRConfig,
+    "rlvr_qwen2.5_0.5b_8gpu": RLVRConfig,
+}
+SCHEMA_NODES = {"cluster_check": ClusterCheckConfig, "sft": SFTConfig, "rlvr": RLVRConfig}
 
 
 def compose_config(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> DictConfig:
-    for pipeline, schema in PIPELINE_SCHEMAS.items():
-        register_schema_defaults(pipeline, schema)
+    for node, schema in SCHEMA_NODES.items():
+        register_schema_defaults(node, schema)
     searchpath = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir != CONFIG_DIR else []
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return compose(config_name=name, overrides=searchpath + (overrides or []))
@@ -65,7 +73,8 @@ def test_every_yaml_is_a_block_or_a_known_pipeline() -> None:
 
 @pytest.mark.parametrize("name", sorted(PIPELINE_SCHEMAS))
 def test_every_pipeline_yaml_validates(name: str) -> None:
-    config = load_pipeline_config(compose_config(name, ["devices_per_node=2"]), PIPELINE_SCHEMAS[name])
+    overrides = [] if "gpu" in name else ["devices_per_node=2"]
+    config = load_pipeline_config(compose_config(name, overrides), PIPELINE_SCHEMAS[name], yaml_names([CONFIG_DIR]))
     assert config.roles(), f"{name} declares no role"
     for role in config.roles().values():
         assert role.world_size and role.world_size >= 1
@@ -117,3 +126,15 @@ def test_entry_point_reports_config_error_in_one_line_before_ray() -> None:
     assert result.returncode == 2
     assert "config error: actor_train.device_mapping uses device(s) [2, 3, 4, 5, 6, 7]" in result.stderr
     assert "Traceback" not in result.stderr and "Started a local Ray" not in result.stderr
+
+
+@pytest.mark.parametrize("block", DEEPSPEED_BLOCKS)
+def test_gpu_recipe_validates_with_every_deepspeed_block(block: str) -> None:
+    overrides = [f"actor_train.strategy_args.strategy_config=${{{block}}}"]
+    config = load_pipeline_config(
+        compose_config("rlvr_qwen2.5_0.5b_8gpu", overrides), RLVRConfig, yaml_names([CONFIG_DIR])
+    )
+    assert config.platform == "cuda" and config.total_devices == 8
+    assert config.actor_infer.strategy_args.strategy_name == "vllm"
+    resolved = config.actor_train.strategy_args.strategy_config
+    assert resolved["zero_optimization"]["stage"] == EXPECTED_STAGES[block]

@@ -1,0 +1,14 @@
+"""Reward functions that misbehave, for the tests of reward isolation."""
+
+from __future__ import annotations
+
+import time
+
+
+def flaky_reward(prompt: str, response: str, answer: str) -> float:
+    """Raises on answers ending in 3, hangs on answers ending in 7, else exact match."""
+    if answer.endswith("3"):
+        raise RuntimeError("this reward function is broken for answers ending in 3")
+    if answer.endswith("7"):
+        time.sleep(60)
+    return 1.0 if response.strip() == answer else 0.0
