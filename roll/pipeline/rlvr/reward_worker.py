@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,31 +11,7 @@ from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
-
-_reward_fn: Callable[[str, str, str], float] | None = None
-
-
-def _load_reward_fn(dotted: str) -> None:
-    # Pool initializer: runs once in each child process.
-    global _reward_fn
-    module_name, _, name = dotted.rpartition(".")
-    _reward_fn = getattr(importlib.import_module(module_name), name)
-
-
-def _score(prompt: str, response: str, answer: str) -> float:
-    return float(_reward_fn(prompt, response, answer))  # type: ignore[misc]
-
-
-def import_reward_fn(dotted: str) -> Callable[[str, str, str], float]:
-    """The function a dotted path `package.module.function` names; ValueError when it cannot be imported."""
-    module_name, _, name = dotted.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"reward_fn {dotted!r} cannot be imported: {exc}") from exc
-    if not callable(fn):
-        raise ValueError(f"reward_fn {dotted!r} is not callable")
-    return fn
+from roll.pipeline.rlvr import reward_sandbox
 
 
 class RewardWorker(Worker):
@@ -51,13 +25,18 @@ class RewardWorker(Worker):
     def initialize(self) -> None:
         """Load the tokenizer and start the scoring process."""
         config = self.worker_config
-        import_reward_fn(config.reward_fn)  # fail at start-up, in the driver's face, not per sample
+        reward_sandbox.import_reward_fn(config.reward_fn)  # fail at start-up, not once per sample
         self.tokenizer = load_tokenizer(config.model_args.model_name_or_path)
+        # Children fork from a server that has the reward function's module imported already, so
+        # replacing a hung child costs milliseconds.
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload([reward_sandbox.__name__, config.reward_fn.rpartition(".")[0]])
         self._pool = self._new_pool()
 
     def _new_pool(self) -> Any:
-        context = multiprocessing.get_context("spawn")
-        return context.Pool(1, initializer=_load_reward_fn, initargs=(self.worker_config.reward_fn,))
+        return self._context.Pool(
+            1, initializer=reward_sandbox.load_reward_fn, initargs=(self.worker_config.reward_fn,)
+        )
 
     @register(Dispatch.DP_COMPUTE)
     def compute_rewards(self, batch: DataProto) -> DataProto:
@@ -75,7 +54,7 @@ class RewardWorker(Worker):
     def _score_all(self, samples: list[tuple[str, str, str]]) -> tuple[list[float], list[float]]:
         scores: list[float] = []
         failed: list[float] = []
-        pending = [self._pool.apply_async(_score, sample) for sample in samples]
+        pending = [self._pool.apply_async(reward_sandbox.score, sample) for sample in samples]
         for index, sample in enumerate(samples):
             try:
                 scores.append(pending[index].get(timeout=self.worker_config.timeout_s))
@@ -85,7 +64,7 @@ class RewardWorker(Worker):
                 # The child is stuck in user code: replace it and resubmit the samples queued behind.
                 self._pool.terminate()
                 self._pool = self._new_pool()
-                pending[index + 1 :] = [self._pool.apply_async(_score, s) for s in samples[index + 1 :]]
+                pending[index + 1 :] = [self._pool.apply_async(reward_sandbox.score, s) for s in samples[index + 1 :]]
                 error: Exception = TimeoutError(f"took longer than {self.worker_config.timeout_s} s")
             except Exception as exc:  # any failure of user code scores 0 and is counted
                 error = exc

@@ -8,6 +8,7 @@ from typing import Literal
 from roll.configs.base_config import PipelineConfig
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.pipeline.rlvr.reward_sandbox import import_reward_fn
 
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "rloo")
 
@@ -112,6 +113,11 @@ class RLVRConfig(PipelineConfig):
             )
         if algorithm.needs_reference and self.reference is None:
             raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
+        for key, reward in self.rewards.items():
+            try:
+                import_reward_fn(reward.reward_fn)
+            except ValueError as exc:
+                raise ConfigError(f"rewards.{key}.reward_fn: {exc}") from exc
         domains = [d for reward in self.rewards.values() for d in reward.domains]
         if not self.rewards or len(domains) != len(set(domains)):
             raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")

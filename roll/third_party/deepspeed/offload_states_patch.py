@@ -123,26 +123,26 @@ class _EngineOffloader:
                 getattr(engine.optimizer, RELEASE_GATHERED_PARAMS)()
             device_type = get_accelerator().device_name()
             groups = collect_storage_groups(engine)
-            released: list[StorageGroup] = []
-            for kind in todo:
-                movable = [g for g in groups[kind] if device == "nvme" or g.storage.device.type == device_type]
-                parking = self._parking(kind, device, pin_memory, non_blocking, nvme_dir)
-                try:
-                    storages = parking.park_all(movable)
-                except BaseException:
-                    if isinstance(parking, DiskParking):
-                        parking.file.close()
-                    raise
-                self.parked[kind] = _ParkedKind(parking, storages)
-                if kind in self._pools:
-                    self._pools[kind].drop_free()
-                released.extend(movable)
-                moved[kind.value] = sum(stored.nbytes for stored in storages if not stored.scratch)
-                scratch += sum(stored.nbytes for stored in storages if stored.scratch)
-            del groups, movable
-            gc.collect()
-            stale = sum(group.nbytes for group in released if storage_use_count(group.storage) > 1)
-            del released
+            movable = {
+                kind: [g for g in groups[kind] if device == "nvme" or g.storage.device.type == device_type]
+                for kind in todo
+            }
+            del groups
+            try:
+                for kind in todo:
+                    storages = self._park_kind(kind, movable[kind], device, pin_memory, non_blocking, nvme_dir)
+                    moved[kind.value] = sum(stored.nbytes for stored in storages if not stored.scratch)
+                    scratch += sum(stored.nbytes for stored in storages if stored.scratch)
+            except BaseException:
+                # All or nothing: kinds parked earlier in this call come back before the error propagates.
+                movable.clear()
+                self.reload(engine, [kind for kind in todo if kind in self.parked], non_blocking=False)
+                raise
+            stale = _stale_bytes(movable)
+            if stale:  # perhaps only garbage cycles still hold them: a full collection is slow, so only then
+                gc.collect()
+                stale = _stale_bytes(movable)
+            del movable
             if stale:
                 logger.warning(
                     "%d offloaded bytes are still referenced outside the DeepSpeed fields roll knows; their memory "
@@ -180,6 +180,28 @@ class _EngineOffloader:
         if not non_blocking:
             get_accelerator().synchronize()
         return self._report(engine, "reload", moved, scratch, 0, start)
+
+    def _park_kind(
+        self,
+        kind: OffloadStateType,
+        groups: list[StorageGroup],
+        device: str,
+        pin_memory: bool,
+        non_blocking: bool,
+        nvme_dir: str | None,
+    ) -> list[ParkedStorage]:
+        """Park the storages of one kind and record them."""
+        parking = self._parking(kind, device, pin_memory, non_blocking, nvme_dir)
+        try:
+            storages = parking.park_all(groups)
+        except BaseException:
+            if isinstance(parking, DiskParking):
+                parking.file.close()
+            raise
+        self.parked[kind] = _ParkedKind(parking, storages)
+        if kind in self._pools:
+            self._pools[kind].drop_free()
+        return storages
 
     def close(self) -> None:
         """Close the spill files of states still on disk (the engine is gone or the process exits)."""
@@ -221,6 +243,11 @@ class _EngineOffloader:
         report = OffloadReport(action, moved, scratch, dict(resident), stale, time.perf_counter() - start)
         logger.debug("%s: %s", action, report)
         return report
+
+
+def _stale_bytes(released: dict[OffloadStateType, list[StorageGroup]]) -> int:
+    """Bytes of released storages that something besides their group's handle still references."""
+    return sum(group.nbytes for groups in released.values() for group in groups if storage_use_count(group.storage) > 1)
 
 
 def _pinned_empty(nbytes: int) -> torch.Tensor:

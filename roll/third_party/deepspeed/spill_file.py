@@ -51,11 +51,6 @@ class SpillFile:
             _read_all(self._fd, memoryview(staging[: chunk.numel()].numpy()), offset + start)
             chunk.copy_(staging[: chunk.numel()])
 
-    @property
-    def size(self) -> int:
-        """Bytes written so far."""
-        return self._end
-
     def close(self) -> None:
         """Close the file, which frees its blocks; closing twice is harmless."""
         if self._fd >= 0:

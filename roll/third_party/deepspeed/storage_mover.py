@@ -87,11 +87,6 @@ class HostBufferPool:
         """Free the buffers no offload took, so sizes that stopped occurring do not pile up."""
         self._free.clear()
 
-    @property
-    def free_bytes(self) -> int:
-        """Bytes held in free buffers."""
-        return sum(buffer.numel() for buffers in self._free.values() for buffer in buffers)
-
 
 class Parking(ABC):
     """A place storages go while offloaded (`location` names it in reports)."""
