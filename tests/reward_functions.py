@@ -12,3 +12,8 @@ def flaky_reward(prompt: str, response: str, answer: str) -> float:
     if answer.endswith("7"):
         time.sleep(60)
     return 1.0 if response.strip() == answer else 0.0
+
+
+def parity_reward(prompt: str, response: str, answer: str) -> float:
+    """1.0 for responses of even length: a signal even an untrained model's samples disagree on."""
+    return float(len(response) % 2 == 0)

@@ -106,6 +106,8 @@ def test_actor_train_block_swaps_by_override(ray_session: None, tmp_path: Path, 
         tmp_path,
         "max_steps=1",
         "eval_batch_size=4",
+        "algorithm.use_kl_loss=false",
+        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
         f"actor_train.strategy_args.strategy_config=${{{block}}}",
     )
     stage = config.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"]

@@ -155,6 +155,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
             loss, metrics = loss_func(micro_batch, output)
             self.engine.backward(loss)
             boundary = self.engine.is_gradient_accumulation_boundary()
+            unclipped_norm = self._stage0_grad_norm() if boundary and self.zero_stage == 0 else None
             self.engine.step()
             sums["loss"] += loss.item()
             for key, value in metrics.items():
@@ -162,6 +163,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
             if boundary:
                 self.global_step += 1
                 grad_norm = self.engine.get_global_grad_norm()
+                grad_norm = unclipped_norm if grad_norm is None else grad_norm
                 sums["grad_norm"] += float(grad_norm) if grad_norm is not None else math.nan
         steps = len(micro_batches) // accumulation
         result = {k: v / (steps if k == "grad_norm" else len(micro_batches)) for k, v in sums.items()}
@@ -169,6 +171,11 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         result["lr"] = self.engine.get_lr()[0]
         result["global_step"] = float(self.global_step)
         return result
+
+    def _stage0_grad_norm(self) -> float:
+        """The all-reduced gradients' global norm (DeepSpeed's plain stage-0 optimizer records none)."""
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         """Average metrics over the data-parallel ranks, so every rank reports the global value."""
