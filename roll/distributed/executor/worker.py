@@ -31,6 +31,7 @@ class Worker:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.platform = current_platform()
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
+        self.compute_seconds = 0.0  # time spent inside @register-ed methods
         torch.set_num_threads(int(os.environ.get("ROLL_NUM_THREADS", "1")))
         # DeepSpeed calls collectives torch has renamed, once per bucket: keep worker logs readable.
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
@@ -50,6 +51,12 @@ class Worker:
         """Record the rendezvous address; rank 0 learns it only after it has started."""
         os.environ["MASTER_ADDR"] = address
         os.environ["MASTER_PORT"] = str(port)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pop_compute_seconds(self) -> float:
+        """Seconds spent in registered methods since the last call (this call's own time excluded)."""
+        seconds, self.compute_seconds = self.compute_seconds, 0.0
+        return seconds
 
     @register(Dispatch.ONE_TO_ALL)
     def get_rank_info(self) -> RankInfo:

@@ -8,6 +8,8 @@ or one argument per rank.
 from __future__ import annotations
 
 import enum
+import functools
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,11 +30,23 @@ class Dispatch(enum.Enum):
 
 
 def register(dispatch_mode: Dispatch = Dispatch.ONE_TO_ALL) -> Callable[[F], F]:
-    """Mark a Worker method as callable on the whole cluster with `dispatch_mode`."""
+    """Mark a Worker method as callable on the whole cluster with `dispatch_mode`.
+
+    The method's running time inside the worker is added to the worker's `compute_seconds`, so
+    the driver can tell the work done from the framework's own overhead (dispatch, transport).
+    """
 
     def mark(fn: F) -> F:
-        setattr(fn, DISPATCH_ATTR, dispatch_mode)
-        return fn
+        @functools.wraps(fn)
+        def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                self.compute_seconds += time.perf_counter() - started
+
+        setattr(timed, DISPATCH_ATTR, dispatch_mode)
+        return timed  # type: ignore[return-value]
 
     return mark
 

@@ -200,6 +200,16 @@ class RLVRPipeline(BasePipeline):
         timed("actor_update", started)
         return metrics | timings
 
+    def _overhead(self, step_seconds: float) -> dict[str, float]:
+        """Worker compute time of the step (slowest rank of each role) and the rest's share of the step.
+
+        Roles run one after another, so their compute adds up; what remains is dispatch, data
+        transport through Ray and the driver's own work.
+        """
+        futures = [cluster.pop_compute_seconds(blocking=False) for cluster in self.clusters.values()]
+        compute = sum(max(future.get()) for future in futures)
+        return {"time/worker_compute_s": compute, "time/overhead_fraction": max(0.0, 1 - compute / step_seconds)}
+
     def _rollout_metrics(self, batch: DataProto) -> dict[str, float]:
         data = batch.batch
         lengths = data["response_mask"].sum(-1).float()
@@ -296,6 +306,7 @@ class RLVRPipeline(BasePipeline):
                 accuracies.append(self.evaluate())
                 metrics["val/accuracy"] = accuracies[-1]
             metrics["time/step_s"] = time.perf_counter() - started
+            metrics.update(self._overhead(metrics["time/step_s"]))
             tracker.log(metrics, step)
             progress.set_postfix(
                 step_s=f"{metrics['time/step_s']:.1f}",
