@@ -8,7 +8,7 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${ROLL_VENV:-$repo_root/.venv}"
 python_bin="${ROLL_PYTHON:-python3}"
-requirement_files=(requirements_torch.txt requirements_common.txt requirements_dev.txt pyproject.toml)
+requirement_files=(requirements_torch.txt requirements_common.txt requirements_cpu.txt requirements_dev.txt pyproject.toml)
 
 # DeepSpeed's just-in-time ops (CPU Adam, shared-memory collectives) are built once per environment
 # here, at install time, so concurrent workers never race to build or load them.
@@ -35,7 +35,7 @@ find_links=()
 cd "$repo_root"
 pip_install "${find_links[@]}" setuptools wheel
 pip_install "${find_links[@]}" -r requirements_torch.txt
-pip_install "${find_links[@]}" --no-build-isolation -r requirements_common.txt -r requirements_dev.txt
+pip_install "${find_links[@]}" --no-build-isolation -r requirements_common.txt -r requirements_cpu.txt -r requirements_dev.txt
 pip_install --no-build-isolation --no-deps -e .
 # torchvision/torchaudio/torchcodec from PyPI break next to the CPU torch (torchvision::nms missing,
 # then transformers cannot import its models): roll uses none of them.
