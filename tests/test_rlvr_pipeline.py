@@ -114,3 +114,26 @@ def test_actor_train_block_swaps_by_override(ray_session: None, tmp_path: Path, 
     assert stage == (0 if block == "deepspeed_zero" else 2 if "zero2" in block else 3)
     rows = run(config)
     assert rows[-1]["step"] == 1 and rows[-1]["actor/grad_norm"] > 0
+
+
+def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) -> None:
+    critic = (
+        "critic={worker_cls: roll.pipeline.base_worker.CriticWorker, device_mapping: 0-1, "
+        "model_args: {model_name_or_path: 'tiny://qwen2', dtype: fp32}, "
+        "strategy_args: {strategy_name: deepspeed_train, strategy_config: '${deepspeed_zero3}'}, "
+        "training_args: {per_device_train_batch_size: 16, gradient_accumulation_steps: 1, learning_rate: 1.0e-4}}"
+    )
+    config = make_config(
+        tmp_path,
+        critic,
+        "max_steps=2",
+        "eval_batch_size=4",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_loss=false",
+        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+    )
+    rows = run(config)
+    assert rows[-1]["step"] == 2
+    for key in ("critic/loss", "critic/grad_norm", "critic/clipfrac", "actor/loss", "time/values_s"):
+        assert key in rows[-1], key
+    assert rows[-1]["critic/grad_norm"] > 0
