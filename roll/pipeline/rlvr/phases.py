@@ -64,13 +64,14 @@ class Residency:
         started = time.perf_counter()
         moved = 0.0
         needed = frozenset(r for r in phase.resident if r in self.clusters)
-        for role in sorted(self.resident - needed):
-            if self._shares_devices(role, needed):
-                moved += _total_bytes(self.clusters[role].offload_states())
-                self.resident.discard(role)
-        for role in sorted(needed - self.resident):
-            moved += _total_bytes(self.clusters[role].load_states())
-            self.resident.add(role)
+        leaving = [r for r in sorted(self.resident - needed) if self._shares_devices(r, needed)]
+        arriving = sorted(needed - self.resident)
+        # Every offload finishes before any load starts, so devices never hold both; within each
+        # group the roles move at the same time.
+        for roles, method in ((leaving, "offload_states"), (arriving, "load_states")):
+            futures = [getattr(self.clusters[r], method)(blocking=False) for r in roles]
+            moved += sum(_total_bytes(future.get()) for future in futures)
+        self.resident = (self.resident - set(leaving)) | set(arriving)
         prefix = f"phase/{phase.name}"
         return {f"{prefix}/bytes_moved": moved, f"{prefix}/residency_s": time.perf_counter() - started}
 
