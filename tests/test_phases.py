@@ -21,11 +21,11 @@ class RecordingCluster:
 
     def offload_states(self, blocking: bool = True) -> Done:
         self.log.append(f"offload {self.name}")
-        return Done([{"model_params": 10.0}, {"model_params": 10.0}])
+        return Done([{"x/offload/moved_bytes/model_params": 10.0, "x/offload/seconds": 1.0}] * 2)
 
     def load_states(self, blocking: bool = True) -> Done:
         self.log.append(f"load {self.name}")
-        return Done([{"model_params": 10.0}, {"model_params": 10.0}])
+        return Done([{"x/offload/moved_bytes/model_params": 10.0, "x/offload/seconds": 1.0}] * 2)
 
 
 def test_colocated_roles_take_turns_and_separate_roles_stay() -> None:

@@ -34,6 +34,10 @@ class StrategyArguments:
 
     strategy_name: str = "hf_infer"
     strategy_config: dict[str, Any] = field(default_factory=dict)
+    # Where a colocated role's states go while other roles use its devices: host memory, or files
+    # under offload_dir ("nvme") so that host memory is freed too.
+    offload_device: Literal["cpu", "nvme"] = "cpu"
+    offload_dir: str = ""
 
 
 @dataclass

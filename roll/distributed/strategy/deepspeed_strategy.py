@@ -21,6 +21,7 @@ from roll.distributed.strategy.hf_compute import forward_in_micro_batches, gener
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
 from roll.models.hf_weights import hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
+from roll.third_party.deepspeed.offload_states_patch import patch_engine
 from roll.utils.lr_schedule import lr_lambda
 
 
@@ -48,7 +49,7 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         # transformers partitions weights while loading them as long as this object is alive.
         self._hf_ds_config = HfDeepSpeedConfig(self.ds_config) if self.zero_stage == 3 else None
         model = model_provider()
-        self.engine = self._build_engine(model)
+        self.engine = patch_engine(self._build_engine(model))
 
     def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
         engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
@@ -77,6 +78,18 @@ class DeepSpeedInferStrategy(InferenceStrategy):
             self.device,
             synced_ranks=synced,
         )
+
+    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Move the engine's states (all kinds when `include` is None) to host memory or disk."""
+        strategy_args = self.worker_config.strategy_args
+        report = self.engine.offload_states(
+            include=include, device=strategy_args.offload_device, nvme_dir=strategy_args.offload_dir or None
+        )
+        return report.as_metrics()
+
+    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Bring offloaded states back to the device."""
+        return self.engine.reload_states(include=include).as_metrics()
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight in full by Hugging Face name (gathered one at a time at stage 3), LoRA merged, on all ranks."""

@@ -48,11 +48,14 @@ class InferenceStrategy(ABC):
         """Prompt ids plus generated tokens, `[batch * num_return_sequences, prompt + new]`, right-padded."""
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Move the backend's states off the device; return bytes moved per state kind (none by default)."""
+        """Move the backend's states off the device; return metrics with the bytes moved per state kind.
+
+        Keys containing `/moved_bytes/` count bytes moved; a backend with nothing to move returns {}.
+        """
         return {}
 
     def load_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Bring offloaded states back to the device; return bytes moved per state kind."""
+        """Bring offloaded states back to the device; return metrics as `offload_states` does."""
         return {}
 
     def shutdown(self) -> None:

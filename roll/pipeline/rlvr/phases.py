@@ -68,13 +68,16 @@ class Residency:
         arriving = sorted(needed - self.resident)
         # Every offload finishes before any load starts, so devices never hold both; within each
         # group the roles move at the same time.
-        for roles, method in ((leaving, "offload_states"), (arriving, "load_states")):
-            futures = [getattr(self.clusters[r], method)(blocking=False) for r in roles]
-            moved += sum(_total_bytes(future.get()) for future in futures)
-        self.resident = (self.resident - set(leaving)) | set(arriving)
         prefix = f"phase/{phase.name}"
-        return {f"{prefix}/bytes_moved": moved, f"{prefix}/residency_s": time.perf_counter() - started}
-
-
-def _total_bytes(per_rank_reports: list[dict[str, float]]) -> float:
-    return float(sum(sum(report.values()) for report in per_rank_reports))
+        metrics: dict[str, float] = {}
+        for roles, method in ((leaving, "offload_states"), (arriving, "load_states")):
+            futures = {r: getattr(self.clusters[r], method)(blocking=False) for r in roles}
+            for role, future in futures.items():
+                reports = future.get()
+                moved += sum(v for report in reports for k, v in report.items() if "/moved_bytes/" in k)
+                # Rank 0's report stands for its role: per-kind bytes moved and bytes resident per place.
+                metrics.update({f"{prefix}/{role}/{k}": v for k, v in reports[0].items()})
+        self.resident = (self.resident - set(leaving)) | set(arriving)
+        metrics[f"{prefix}/bytes_moved"] = moved
+        metrics[f"{prefix}/residency_s"] = time.perf_counter() - started
+        return metrics
