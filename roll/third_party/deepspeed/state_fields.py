@@ -23,11 +23,15 @@ TESTED_DEEPSPEED = (0, 19, 8)
 
 
 class OffloadStateType(str, Enum):
-    """The engine states that move together: `include` of `offload_states` / `reload_states` names some of them."""
+    """The engine states that move together: `include` of `offload_states` / `reload_states` names some of them.
 
-    model_params = "model_params"  # low-precision parameters (trainable and frozen) and module buffers
-    other_params = "other_params"  # fp32 master parameters, gradients, gradient buckets
-    optimizer_states = "optimizer_states"  # e.g. Adam's exp_avg / exp_avg_sq
+    `model_params`: the low-precision parameters (trainable and frozen) and the module's buffers; `other_params`:
+    fp32 master parameters, gradients and gradient buckets; `optimizer_states`: e.g. Adam's exp_avg / exp_avg_sq.
+    """
+
+    model_params = "model_params"
+    other_params = "other_params"
+    optimizer_states = "optimizer_states"
 
 
 MODEL, OTHER, OPTIM = OffloadStateType.model_params, OffloadStateType.other_params, OffloadStateType.optimizer_states
@@ -74,8 +78,8 @@ OPTIMIZER_FIELDS: dict[str, tuple[Field, ...]] = {
         Field("grads_in_partition", OTHER),
         Field("accumulated_grads_in_cpu", OTHER),
         Field("offload_gradient_dict", OTHER),
-        Field("ipg_buffer", OTHER, scratch=True),  # up to 0.17
-        Field("ipg_buckets.*.buffer", OTHER, scratch=True),  # later versions
+        Field("ipg_buffer", OTHER, scratch=True),  # as in DeepSpeed 0.16
+        Field("ipg_buckets.*.buffer", OTHER, scratch=True),  # as in DeepSpeed 0.19
         Field("ipg_buckets.*.grads", OTHER, scratch=True),
         Field("temp_grad_buffer_for_cpu_offload", OTHER, scratch=True),
         Field("temp_grad_buffer_for_gpu_offload", OTHER, scratch=True),
@@ -92,8 +96,8 @@ OPTIMIZER_FIELDS: dict[str, tuple[Field, ...]] = {
         Field("grad_partitions_flat_buffer", OTHER, required=True),
         Field("_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", OTHER, required=True),
         Field("averaged_gradients", OTHER, required=True),
-        Field("_DeepSpeedZeroOptimizer_Stage3__ipg_bucket_flat_buffer", OTHER, scratch=True),  # up to 0.17
-        Field("ipg_buckets.*.buffer", OTHER, scratch=True),  # later versions
+        Field("_DeepSpeedZeroOptimizer_Stage3__ipg_bucket_flat_buffer", OTHER, scratch=True),  # as in DeepSpeed 0.16
+        Field("ipg_buckets.*.buffer", OTHER, scratch=True),  # as in DeepSpeed 0.19
     ),
     # ZeRO-3 without an optimizer (deepspeed_infer): only the module's parameters, partitioned.
     "DeepSpeedZeRoOffload": (),
