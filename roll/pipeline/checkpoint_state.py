@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from roll.utils.fileio import write_text_atomically
+from roll.utils.fileio import read_latest_tag, write_text_atomically
 
 STATE_FILE = "driver_state.json"
 LATEST = "latest"
@@ -28,10 +28,10 @@ def save_driver_state(root: Path, tag: str, state: dict[str, Any]) -> str:
 def load_driver_state(root: Path, tag: str | None) -> dict[str, Any]:
     """The driver state of checkpoint `tag` (the latest complete one when None); FileNotFoundError if absent."""
     if tag is None:
-        latest = root / LATEST
-        if not latest.is_file():
-            raise FileNotFoundError(f"resume_from_checkpoint=latest but {root} holds no complete checkpoint")
-        tag = latest.read_text().strip()
+        try:
+            tag = read_latest_tag(root, LATEST)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"resume_from_checkpoint=latest but {root} holds no complete checkpoint") from exc
     state_file = root / tag / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{root / tag} is not a complete checkpoint (no {STATE_FILE})")

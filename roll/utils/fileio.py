@@ -11,3 +11,11 @@ def write_text_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def read_latest_tag(root: Path, latest_name: str = "latest") -> str:
+    """The tag that `root/latest` names; FileNotFoundError naming `root` when there is none."""
+    latest = root / latest_name
+    if not latest.is_file():
+        raise FileNotFoundError(f"no complete checkpoint in {root}: there is no '{latest_name}' file")
+    return latest.read_text().strip()

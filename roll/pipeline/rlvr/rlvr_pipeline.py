@@ -251,15 +251,18 @@ class RLVRPipeline(BasePipeline):
         )
         return accuracy
 
+    def _trained_roles(self) -> list[tuple[str, phases.Phase]]:
+        """The roles with optimizer state (they checkpoint), each with the phase that makes it resident."""
+        trained = [("actor_train", phases.ACTOR_UPDATE), ("critic", phases.CRITIC_UPDATE)]
+        return [(role, phase) for role, phase in trained if role in self.clusters]
+
     def save(self, step: int, history_accuracy: list[float]) -> str:
         """Checkpoint the trained roles and the driver's state at `step`; return the checkpoint path."""
         root = self.run_dir / "checkpoints"
         tag = f"step_{step}"
-        self.residency.enter(phases.ACTOR_UPDATE)
-        self.clusters["actor_train"].save_checkpoint(str(root / "actor_train"), tag)
-        if "critic" in self.clusters:
-            self.residency.enter(phases.CRITIC_UPDATE)
-            self.clusters["critic"].save_checkpoint(str(root / "critic"), tag)
+        for role, phase in self._trained_roles():
+            self.residency.enter(phase)
+            self.clusters[role].save_checkpoint(str(root / role), tag)
         state = {
             "step": step,
             "sampler": self.sampler.state_dict(),
@@ -275,11 +278,9 @@ class RLVRPipeline(BasePipeline):
         tag = None if requested == "latest" else Path(requested).name
         state = checkpoint_state.load_driver_state(root, tag)
         tag = f"step_{state['step']}"
-        self.residency.enter(phases.ACTOR_UPDATE)
-        self.clusters["actor_train"].load_checkpoint(str(root / "actor_train"), tag)
-        if "critic" in self.clusters:
-            self.residency.enter(phases.CRITIC_UPDATE)
-            self.clusters["critic"].load_checkpoint(str(root / "critic"), tag)
+        for role, phase in self._trained_roles():
+            self.residency.enter(phase)
+            self.clusters[role].load_checkpoint(str(root / role), tag)
         self.sampler.load_state_dict(state["sampler"])
         self.kl_controller.value = state["kl_coef"]
         self.weights_stale = True

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from roll.utils.fileio import write_text_atomically
+from roll.utils.fileio import read_latest_tag, write_text_atomically
 
 ENGINE_TAG = "state"
 UNIVERSAL_TAG = "state_universal"
@@ -70,10 +70,7 @@ def resolve_checkpoint(load_dir: str, tag: str | None) -> Path:
     """The directory of checkpoint `tag` (or of the latest complete one); FileNotFoundError if incomplete."""
     root = Path(load_dir)
     if tag is None:
-        latest = root / LATEST
-        if not latest.is_file():
-            raise FileNotFoundError(f"no complete checkpoint in {root}: there is no '{LATEST}' file")
-        tag = latest.read_text().strip()
+        tag = read_latest_tag(root, LATEST)
     path = root / tag
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete roll checkpoint (no {MARKER}); pick another tag")
