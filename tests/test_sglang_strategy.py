@@ -8,6 +8,7 @@ unknown ones, so the name and shape checks under test are the adapter's own.
 
 from __future__ import annotations
 
+import datetime
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -52,6 +53,8 @@ class FakeEngine:
         self.eos_token_id = self.model.generation_config.eos_token_id
         self.calls: list[tuple[str, Any]] = []
         self.released = False
+        self.session = False
+        self.groups: dict[str, torch.distributed.ProcessGroup] = {}
 
     def generate(
         self,
@@ -93,15 +96,83 @@ class FakeEngine:
             meta["output_token_logprobs"] = entries
         return {"text": "", "output_ids": tokens, "meta_info": meta}
 
-    def update_weights_from_tensor(
-        self, named_tensors: list[tuple[str, torch.Tensor]], load_format: str | None = None, flush_cache: bool = True
-    ) -> tuple[bool, str]:
-        self.calls.append(("update_weights_from_tensor", named_tensors))
+    def begin_weight_update(self, selector: str = "all") -> dict:
+        self.calls.append(("begin_weight_update", selector))
+        if self.session:
+            return {"success": False, "message": "a weight-update session is already open"}
+        self.session = True
+        return {"success": True, "message": "Success"}
+
+    def end_weight_update(self) -> dict:
+        self.calls.append(("end_weight_update", None))
+        if not self.session:
+            return {"success": False, "message": "no weight-update session is open"}
+        self.session = False
+        return {"success": True, "message": "Success"}
+
+    def flush_cache(self) -> None:
+        self.calls.append(("flush_cache", None))
+
+    def _load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, tensor in named_tensors:
                 if name in params:
                     params[name].copy_(tensor)
+
+    def update_weights_from_tensor(
+        self, named_tensors: list[tuple[str, torch.Tensor]], load_format: str | None = None, flush_cache: bool = True
+    ) -> tuple[bool, str]:
+        self.calls.append(("update_weights_from_tensor", named_tensors))
+        if not self.session:
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+        self._load(named_tensors)
+        return True, "Succeeded to update parameter online."
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "nccl",
+    ) -> tuple[bool, str]:
+        """What SGLang's TP rank 0 does (srt/utils/common.py init_custom_process_group)."""
+        from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world, rendezvous
+
+        self.calls.append(("init_weights_update_group", rank_offset))
+        timeout = datetime.timedelta(seconds=60)
+        url = f"tcp://{master_address}:{master_port}"
+        store, rank, size = next(rendezvous(url, rank_offset, world_size, timeout=timeout))
+        store = torch.distributed.PrefixStore(group_name, store)
+        group, _ = _new_process_group_helper(
+            size, rank, [], Backend(backend), store, group_name=group_name, backend_options=None, timeout=timeout
+        )
+        _world.pg_group_ranks[group] = {i: i for i in range(size)}
+        self.groups[group_name] = group
+        return True, "Succeeded to initialize custom process group."
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> tuple[bool, str]:
+        """What SGLang's receiver does: one broadcast from rank 0 per tensor, in `names` order."""
+        self.calls.append(("update_weights_from_distributed", names))
+        if not self.session:
+            return (
+                False,
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
+            )
+        tensors = [torch.empty(shape, dtype=getattr(torch, dtype)) for dtype, shape in zip(dtypes, shapes, strict=True)]
+        for tensor in tensors:
+            torch.distributed.broadcast(tensor, src=0, group=self.groups[group_name])
+        self._load(list(zip(names, tensors, strict=True)))
         return True, "Succeeded to update parameter online."
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
@@ -229,8 +300,18 @@ def test_load_weights_checks_then_updates_the_engine(
         strategy.load_weights([("lm_head.weight", torch.ones(3, 128))])
     assert not [call for call, _ in engine.calls if call == "update_weights_from_tensor"]
     strategy.load_weights(new_weights[:7])
+    with pytest.raises(RuntimeError, match="lacks"):
+        strategy.generate(batch, GREEDY)  # half a sync is never served
     strategy.load_weights(new_weights[7:])
-    _, sent = engine.calls[-1]
+    calls = [call for call, _ in engine.calls]
+    assert calls[-5:] == [
+        "begin_weight_update",
+        "update_weights_from_tensor",
+        "update_weights_from_tensor",
+        "end_weight_update",
+        "flush_cache",
+    ]
+    _, sent = engine.calls[-3]
     assert {t.dtype for _, t in sent} == {torch.bfloat16}  # cast to the engine's dtype before serialising
     engine.model.float().load_state_dict(dict(new_weights))  # same values, fp32 for the token comparison
     assert torch.equal(strategy.generate(batch, GREEDY), hf_reference(model_path, batch, new_weights))
@@ -246,7 +327,7 @@ def test_offload_releases_and_a_level_2_wake_waits_for_a_full_sync(
     strategy.load_states()
     assert [call for call, _ in strategy.engine.calls] == ["release_memory_occupation", "resume_memory_occupation"]
     strategy.load_weights(new_weights[:3])
-    with pytest.raises(RuntimeError, match="level-2 sleep and still lacks"):
+    with pytest.raises(RuntimeError, match=r"lacks .* level-2 sleep"):
         strategy.generate(batch, GREEDY)
     strategy.load_weights(new_weights[3:])
     assert strategy.generate(batch, GREEDY).shape == (len(batch), batch.batch["input_ids"].shape[1] + 10)

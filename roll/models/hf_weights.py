@@ -7,11 +7,14 @@ the plain base model, whether or not training used PEFT adapters.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 from peft import PeftModel
 from peft.tuners.lora import LoraLayer
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from roll.configs.schema import closest_spelling
 
 # gather(params) must make the full values of `params` readable inside the context (ZeRO-3
 # partitions them); a no-op context where parameters are whole.
@@ -54,3 +57,26 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather = no_gather) -> Iter
             continue
         with gather([param]):
             yield name.replace(".base_layer", ""), param.data.detach().clone()
+
+
+def hf_weight_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+    """Shapes of every Hugging Face weight name of a causal LM (tied aliases included), and the names a full sync sends.
+
+    Built on the meta device from the config alone, so it costs no memory whatever the model size.
+    """
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    return shapes, frozenset(name for name, _ in model.named_parameters())
+
+
+def check_weight_shapes(
+    named_shapes: Iterable[tuple[str, Sequence[int]]], shapes: dict[str, tuple[int, ...]], owner: str
+) -> None:
+    """Raise KeyError for a name the model lacks, ValueError for a wrong shape; both name the weight."""
+    for name, shape in named_shapes:
+        if name not in shapes:
+            raise KeyError(f"{owner}: the model has no weight {name!r}{closest_spelling(name, shapes)}")
+        if tuple(shape) != tuple(shapes[name]):
+            expected = tuple(shapes[name])
+            raise ValueError(f"{owner}: weight {name!r} has shape {tuple(shape)} but the model's is {expected}")

@@ -17,6 +17,17 @@ from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.factory import create_strategy
+from roll.distributed.weight_sync.broadcast import (
+    DEFAULT_TIMEOUT_S,
+    BroadcastGroup,
+    SyncHeaders,
+    open_store,
+    receive_weights,
+    send_weights,
+)
+from roll.distributed.weight_sync.buckets import iter_buckets
+from roll.distributed.weight_sync.colocated import SharedBucket, hand_over, open_bucket
+from roll.distributed.weight_sync.plan import BROADCAST_SOURCE
 from roll.models.model_providers import ModelKind, load_model, load_tokenizer
 from roll.utils import ppo_losses
 from roll.utils.functionals import masked_mean, response_log_probs, response_mask_from_ids
@@ -66,6 +77,7 @@ class StrategyWorker(Worker):
         self.strategy = create_strategy(name, self)
         trainable = name == "deepspeed_train"
         self.strategy.initialize(lambda: load_model(config.model_args, self.model_kind, trainable=trainable))
+        self.broadcast_sources: dict[str, tuple[BroadcastGroup, SyncHeaders, list[int]]] = {}
 
     @register(Dispatch.ONE_TO_ALL)
     def offload_states(self) -> dict[str, float]:
@@ -95,37 +107,57 @@ class StrategyWorker(Worker):
             self.tokenizer.save_pretrained(path)
         return path
 
-    @register(Dispatch.ONE_TO_ALL)
-    def weight_buckets(self, bucket_bytes: int) -> list[ray.ObjectRef] | None:
-        """Full weights in buckets of about `bucket_bytes`, put in Ray's object store by rank 0.
+    # ---- weight sync: called by roll.distributed.weight_sync.syncer.WeightSyncer, rank by rank --------
 
-        Every rank must take part (ZeRO-3 gathers each parameter collectively); only rank 0
-        returns the references.
+    def weight_sync_shards(self) -> int:
+        """Ranks this worker's engine takes in a weight-broadcast group (its tensor-parallel shards)."""
+        return self.strategy.weight_sync_shards
+
+    def open_weight_broadcast(
+        self, target: str, address: str, port: int, world_size: int, ranks: tuple[int, ...], receivers: list[int]
+    ) -> None:
+        """Join the group that broadcasts weights to role `target`: as its source or as one of its workers.
+
+        The source (`ranks == (0,)`, a training rank) sends to the `receivers` group ranks; a training
+        rank may feed several roles, one group each.
         """
-        buckets: list[ray.ObjectRef] = []
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self.strategy.iter_hf_weights():
-            if self.rank != 0:
-                continue
-            bucket.append((name, tensor.cpu()))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                buckets.append(ray.put(bucket))
-                bucket, size = [], 0
-        if bucket:
-            buckets.append(ray.put(bucket))
-        return buckets if self.rank == 0 else None
+        backend = self.platform.dist_backend
+        if ranks == (BROADCAST_SOURCE,):
+            device = torch.device("cpu" if backend == "gloo" else self.platform.device_name(self.local_rank))
+            group = BroadcastGroup(address, port, BROADCAST_SOURCE, world_size, backend, device)
+            self.broadcast_sources[target] = (group, SyncHeaders(group.store), receivers)
+            return
+        self.sync_headers = SyncHeaders(open_store(address, port, is_master=False, timeout_s=DEFAULT_TIMEOUT_S))
+        self.sync_rank = ranks[0]
+        self.strategy.join_weight_broadcast(address, port, ranks, world_size, backend)
 
-    @register(Dispatch.ONE_TO_ALL)
-    def load_weight_buckets(self, buckets: list[ray.ObjectRef]) -> int:
-        """Load new weights bucket by bucket (one bucket in memory at a time); return the bytes loaded."""
-        loaded = 0
-        for ref in buckets:
-            named_tensors = ray.get(ref)
-            self.strategy.load_weights(named_tensors)
-            loaded += sum(t.numel() * t.element_size() for _, t in named_tensors)
-        return loaded
+    def send_weights(self, bucket_bytes: int, colocated: list[ray.actor.ActorHandle], broadcast_to: str | None) -> dict:
+        """Stream the full weights in buckets to `colocated` inference workers and to the group of role `broadcast_to`.
+
+        Returns the bytes handed over on the node and the bytes broadcast.
+        """
+        totals = {"colocated_bytes": 0, "broadcast_bytes": 0}
+        if not (colocated or broadcast_to or self.strategy.weights_gathered_collectively):
+            return totals
+        buckets = hand_over(iter_buckets(self.strategy.iter_hf_weights(), bucket_bytes), colocated, totals)
+        if broadcast_to:
+            group, headers, receivers = self.broadcast_sources[broadcast_to]
+            totals["broadcast_bytes"] = send_weights(headers, group, buckets, receivers)
+        else:
+            for _ in buckets:  # a rank without routes still takes part in ZeRO-3's gathers
+                pass
+        return totals
+
+    def receive_colocated_bucket(self, shared: SharedBucket) -> int:
+        """Load a bucket a training rank on this worker's device handed over; return its bytes."""
+        self.strategy.load_weights(open_bucket(shared))
+        return shared.nbytes
+
+    def receive_weight_broadcast(self) -> int:
+        """Receive one sync over the broadcast group (checked bucket by bucket); return the bytes loaded."""
+        return receive_weights(
+            self.sync_headers, self.sync_rank, self.strategy.check_weights, self.strategy.receive_weight_bucket
+        )
 
 
 class ActorWorker(StrategyWorker):

@@ -19,6 +19,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.deepspeed_config import offloads_optimizer, resolve_deepspeed_config, zero_stage
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches, model_inputs
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
+from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
 from roll.third_party.deepspeed.offload_states_patch import patch_engine
@@ -46,10 +47,16 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         seed_everything(self.worker_config.training_args.seed)
         self.ds_config = resolve_deepspeed_config(self.worker_config, training=self.training)
         self.zero_stage = zero_stage(self.ds_config)
+        self.weights_gathered_collectively = self.zero_stage == 3
         # transformers partitions weights while loading them as long as this object is alive.
         self._hf_ds_config = HfDeepSpeedConfig(self.ds_config) if self.zero_stage == 3 else None
         model = model_provider()
         self.engine = patch_engine(self._build_engine(model))
+        # ZeRO-3 leaves each parameter's full shape in ds_shape; its own shape is the local partition's.
+        self.weight_shapes = {
+            name: tuple(getattr(p, "ds_shape", p.shape))
+            for name, p in self.unwrapped_model.named_parameters(remove_duplicate=False)
+        }
 
     def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
         engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
@@ -90,6 +97,20 @@ class DeepSpeedInferStrategy(InferenceStrategy):
     def load_states(self, include: set[str] | None = None) -> dict[str, float]:
         """Bring offloaded states back to the device."""
         return self.engine.reload_states(include=include).as_metrics()
+
+    def load_weights(self, named_tensors: NamedTensors) -> None:
+        """Copy full weights by Hugging Face name into the model after checking every name and shape.
+
+        At ZeRO-3 every rank of the role must load the same buckets together: each parameter is
+        gathered, overwritten with the full tensor and partitioned again.
+        """
+        self.check_weights([spec_of(name, tensor) for name, tensor in named_tensors])
+        params = dict(self.unwrapped_model.named_parameters(remove_duplicate=False))
+        for name, tensor in named_tensors:
+            param = params[name]
+            gathered = deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=self.zero_stage == 3)
+            with gathered, torch.no_grad():
+                param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight in full by Hugging Face name (gathered one at a time at stage 3), LoRA merged, on all ranks."""

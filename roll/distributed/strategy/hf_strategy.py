@@ -8,6 +8,7 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
+from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 
 
 class HfInferStrategy(InferenceStrategy):
@@ -20,6 +21,7 @@ class HfInferStrategy(InferenceStrategy):
         self.device = torch.device(self.worker.platform.device_name(self.worker.local_rank))
         self.model = model_provider().to(self.device).eval()
         self.model.config.use_cache = True
+        self.weight_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters(remove_duplicate=False)}
 
     def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
         """Metrics of `forward_func` over micro-batches of `infer_batch_size`."""
@@ -33,17 +35,13 @@ class HfInferStrategy(InferenceStrategy):
             self.model, batch, generating_args, self.worker_config.infer_batch_size, self.device
         )
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy full weights by Hugging Face name into the model; a name or shape it lacks is an error."""
-        params = dict(self.model.named_parameters())
-        for name, tensor in named_tensors:
-            target = params.get(name)
-            if target is None:
-                raise KeyError(f"hf_infer: the model has no parameter {name!r} to load")
-            if target.shape != tensor.shape:
-                raise ValueError(f"hf_infer: {name} has shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
-            with torch.no_grad():
-                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+    def load_weights(self, named_tensors: NamedTensors) -> None:
+        """Copy full weights by Hugging Face name into the model after checking every name and shape."""
+        self.check_weights([spec_of(name, tensor) for name, tensor in named_tensors])
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
 
     def shutdown(self) -> None:
         """Drop the model."""

@@ -2,8 +2,10 @@
 
 SGLang ships GPU builds only, so it is imported when a worker initialises, never by `import roll`.
 The engine's scheduler runs in child processes; weight buckets reach it through
-`Engine.update_weights_from_tensor`, which serialises the tensors for every tensor-parallel rank.
-`generate` returns hf_infer's layout (see `vllm_strategy`, whose batch conversion it shares).
+`Engine.update_weights_from_tensor`, which serialises the tensors for every tensor-parallel rank,
+or over the weight-broadcast group, which every tensor-parallel rank joins
+(`init_weights_update_group`) and receives from (`update_weights_from_distributed`). A weight sync
+is one SGLang weight-update session (`begin_weight_update` ... `end_weight_update`, SGLang >= 0.5.23).
 """
 
 from __future__ import annotations
@@ -12,22 +14,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
-
 from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
-from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
-from roll.distributed.strategy.vllm_strategy import (
-    ENGINE_DTYPES,
-    NamedTensors,
-    check_named_tensors,
-    generation_pad_token_id,
-    hf_weight_shapes,
-    memory_in_use,
-    pack_generations,
-    prompt_token_ids,
-)
+from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineStrategy, Samples, memory_in_use
+from roll.distributed.strategy.strategy import ModelProvider
+from roll.distributed.weight_sync.broadcast import GROUP_NAME
+from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
 
 # Engine arguments roll derives from the role's config; engine_kwargs may not set them a second way.
@@ -96,10 +88,11 @@ def sampling_params(args: GeneratingArguments) -> dict[str, Any]:
     return params
 
 
-class SglangStrategy(InferenceStrategy):
+class SglangStrategy(EngineStrategy):
     """An SGLang engine on this worker's GPUs, for generation only."""
 
     strategy_name = "sglang"
+    engine_name = "sglang"
 
     def initialize(self, model_provider: ModelProvider) -> None:
         """Start the engine on `model_args.model_name_or_path`; SGLang loads it, so `model_provider` is not called."""
@@ -129,40 +122,13 @@ class SglangStrategy(InferenceStrategy):
             **self.config.engine_kwargs,
         )
         self.dtype = dtype_from_name(model_args.dtype)
-        self.weight_shapes, self.sync_weights = hf_weight_shapes(path)
-        self.pad_token_id = generation_pad_token_id(path)
-        self.missing_weights: set[str] = set()  # weights dropped by a level-2 sleep and not yet reloaded
-        self.asleep = False
+        self.weight_sync_shards = self.config.tensor_parallel_size
+        self._init_engine_state(path)
 
-    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Not supported: SGLang exposes no logits for given sequences."""
-        raise NotImplementedError(
-            f"{self.worker_config.name}: the sglang strategy only generates. Compute log-probs of given sequences "
-            "with an hf_infer or deepspeed_infer role; the engine's log-probs of its own samples come from "
-            "generate_with_log_probs"
-        )
-
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Prompt ids followed by generated ids, `[B * n, prompt + max_new_tokens]`, in hf_infer's layout."""
-        return self._generate(batch, generating_args, with_log_probs=False)[0]
-
-    def generate_with_log_probs(
-        self, batch: DataProto, generating_args: GeneratingArguments
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`generate`'s ids, and the engine's log-prob of each generated token `[B * n, max_new_tokens]` (0 at padding).
-
-        Log-probs are taken before temperature (SGLANG_RETURN_ORIGINAL_LOGPROB), as vLLM's and hf's are.
-        """
-        output_ids, log_probs = self._generate(batch, generating_args, with_log_probs=True)
-        return output_ids, log_probs
-
-    def _generate(
-        self, batch: DataProto, args: GeneratingArguments, with_log_probs: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self._check_serving()
+    def _sample(self, prompts: list[list[int]], args: GeneratingArguments, with_log_probs: bool) -> Samples:
         n = args.num_return_sequences
         # One request per sample, prompt-major, so the row order does not depend on how SGLang expands `n`.
-        rows = [ids for ids in prompt_token_ids(batch) for _ in range(n)]
+        rows = [ids for ids in prompts for _ in range(n)]
         params: dict[str, Any] | list[dict[str, Any]] = sampling_params(args)
         if args.seed is not None:
             params = [{**params, "sampling_seed": args.seed + row} for row in range(len(rows))]
@@ -171,34 +137,53 @@ class SglangStrategy(InferenceStrategy):
         log_probs = None
         if with_log_probs:
             log_probs = [[entry[0] for entry in result["meta_info"]["output_token_logprobs"]] for result in results]
-        return pack_generations(batch.batch["input_ids"], responses, args, self.pad_token_id, log_probs)
+        return responses, log_probs
 
-    def _check_serving(self) -> None:
-        owner = self.worker_config.name
-        if self.asleep:
-            raise RuntimeError(f"{owner}: the sglang engine is asleep; call load_states() before generating")
-        if self.missing_weights:
-            missing = sorted(self.missing_weights)
-            raise RuntimeError(
-                f"{owner}: the sglang engine dropped its weights in a level-2 sleep and still lacks {len(missing)} "
-                f"(e.g. {missing[:3]}); load them with load_weights() before generating"
-            )
+    # ---- weight sync: one SGLang weight-update session per sync ---------------------------------
 
-    def load_weights(self, named_tensors: NamedTensors) -> None:
-        """Copy Hugging Face-named weights (any dtype) into the engine in place; any subset may be sent.
-
-        Names and shapes are checked before anything is sent: an unknown name raises KeyError and
-        a wrong shape ValueError, both naming the weight.
-        """
-        owner = self.worker_config.name
-        if self.asleep:
-            raise RuntimeError(f"{owner}: the sglang engine is asleep; call load_states() before load_weights()")
-        check_named_tensors(named_tensors, self.weight_shapes, owner)
-        bucket = [(name, t.to(self.dtype) if t.is_floating_point() else t) for name, t in named_tensors]
-        success, message = self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=True)
+    def _expect_success(self, result: Any, what: str) -> None:
+        # SGLang answers (success, message) tuples or dicts, depending on the call.
+        success, message = (result["success"], result["message"]) if isinstance(result, dict) else result[:2]
         if not success:
-            raise RuntimeError(f"{owner}: sglang did not take the weights: {message}")
-        self.missing_weights -= {name for name, _ in named_tensors}
+            raise RuntimeError(f"{self.worker_config.name}: sglang {what} failed: {message}")
+
+    def _begin_sync(self) -> None:
+        self._expect_success(self.engine.begin_weight_update(), "begin_weight_update")
+
+    def _deliver(self, named_tensors: NamedTensors) -> None:
+        bucket = [(name, t.to(self.dtype) if t.is_floating_point() else t) for name, t in named_tensors]
+        result = self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+        self._expect_success(result, "update_weights_from_tensor")
+
+    def _deliver_broadcast(self, specs: list[TensorSpec]) -> None:
+        result = self.engine.update_weights_from_distributed(
+            names=[spec.name for spec in specs],
+            dtypes=[spec.dtype for spec in specs],
+            shapes=[list(spec.shape) for spec in specs],
+            group_name=GROUP_NAME,
+            flush_cache=False,
+        )
+        self._expect_success(result, "update_weights_from_distributed")
+
+    def _finish_sync(self) -> None:
+        self._expect_success(self.engine.end_weight_update(), "end_weight_update")
+        self.engine.flush_cache()  # cached KV blocks were computed with the old weights
+
+    def join_weight_broadcast(
+        self, master_addr: str, master_port: int, ranks: tuple[int, ...], world_size: int, backend: str
+    ) -> None:
+        """SGLang's tensor-parallel ranks join the group as `ranks[0] + tp_rank` (SGLang's rank_offset)."""
+        result = self.engine.init_weights_update_group(
+            master_address=master_addr,
+            master_port=master_port,
+            rank_offset=ranks[0],
+            world_size=world_size,
+            group_name=GROUP_NAME,
+            backend=backend,
+        )
+        self._expect_success(result, "init_weights_update_group")
+
+    # ---- release and resume -----------------------------------------------------------------
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
         """Release the engine's GPU memory (KV cache, CUDA graphs, weights); return the bytes freed."""

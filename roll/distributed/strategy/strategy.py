@@ -16,6 +16,9 @@ import torch
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.weight_sync.broadcast import BroadcastGroup
+from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, tensor_bytes
+from roll.models.hf_weights import check_weight_shapes
 
 if TYPE_CHECKING:
     from roll.distributed.executor.worker import Worker
@@ -30,10 +33,14 @@ class InferenceStrategy(ABC):
     """A backend that computes with a model it owns: forward passes and generation."""
 
     strategy_name: str = ""
+    # Ranks the backend takes in a weight-broadcast group: one per tensor-parallel shard of its engine.
+    weight_sync_shards: int = 1
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.worker_config = worker.worker_config
+        self.weight_shapes: dict[str, tuple[int, ...]] = {}  # full shape of every weight a sync may send
+        self.weight_group: BroadcastGroup | None = None
 
     @abstractmethod
     def initialize(self, model_provider: ModelProvider) -> None:
@@ -58,12 +65,41 @@ class InferenceStrategy(ABC):
         """Bring offloaded states back to the device; return metrics as `offload_states` does."""
         return {}
 
+    def load_weights(self, named_tensors: NamedTensors) -> None:
+        """Copy full weights by Hugging Face name (any dtype) into the model in place.
+
+        Every name and shape is checked (`check_weights`) before anything is copied.
+        """
+        raise NotImplementedError(f"{self.worker_config.name}: strategy {self.strategy_name!r} takes no weight syncs")
+
+    def check_weights(self, specs: list[TensorSpec]) -> None:
+        """Raise KeyError for a weight name the model lacks and ValueError for a wrong shape, naming it."""
+        check_weight_shapes(((s.name, s.shape) for s in specs), self.weight_shapes, self.worker_config.name)
+
+    def join_weight_broadcast(
+        self, master_addr: str, master_port: int, ranks: tuple[int, ...], world_size: int, backend: str
+    ) -> None:
+        """Join the weight-broadcast group with `ranks` (one per shard); by default this process takes `ranks[0]`."""
+        device = torch.device("cpu") if backend == "gloo" else self.worker.platform.device_name(self.worker.local_rank)
+        self.weight_group = BroadcastGroup(
+            master_addr, master_port, ranks[0], world_size, backend, torch.device(device)
+        )
+
+    def receive_weight_bucket(self, specs: list[TensorSpec]) -> int:
+        """Receive the announced bucket over the weight-broadcast group and load it; return its bytes."""
+        bucket = self.weight_group.receive_bucket(specs)
+        self.load_weights(bucket)
+        return sum(tensor_bytes(tensor) for _, tensor in bucket)
+
     def shutdown(self) -> None:
         """Release the model and any process group or engine the backend started."""
 
 
 class TrainStrategy(InferenceStrategy):
     """An inference strategy that also trains: optimizer, LR schedule, checkpoints, weight export."""
+
+    # Whether every rank must run `iter_hf_weights` together (parameters gathered collectively).
+    weights_gathered_collectively: bool = True
 
     @abstractmethod
     def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:

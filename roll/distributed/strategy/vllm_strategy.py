@@ -2,10 +2,9 @@
 
 The engine core runs in the actor's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) unless
 `strategy_config.multiprocessing` is set, so weight buckets reach the model runner as plain tensors
-through `LLM.collective_rpc`; across processes they travel as safetensors files in /dev/shm.
-`generate` returns hf_infer's layout exactly: each left-padded prompt row repeated
-`num_return_sequences` times (prompt-major), followed by its generated ids right-padded with the
-pad id to `max_new_tokens`.
+through `LLM.collective_rpc`; across processes they travel as safetensors files in /dev/shm. Over a
+weight-broadcast group every engine worker (one per tensor-parallel shard) is a member itself and
+receives each bucket straight from the trainer.
 """
 
 from __future__ import annotations
@@ -15,22 +14,17 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-from roll.configs.schema import ConfigError, closest_spelling, from_dict
+from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
-from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
+from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineStrategy, Samples, memory_in_use
+from roll.distributed.strategy.strategy import ModelProvider
+from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
-from roll.platforms import Platform
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
-NamedTensors = list[tuple[str, torch.Tensor]]
 WORKER_EXTENSION = "roll.third_party.vllm.worker_extension.WeightSyncExtension"
-ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # model_args.dtype -> engine dtype
 # LLM arguments roll derives from the role's config; engine_kwargs may not set them a second way.
 _RESERVED_ENGINE_KWARGS = {
     "model",
@@ -95,76 +89,11 @@ def check_vllm_config(worker_config: WorkerConfig) -> None:
     parse_vllm_config(worker_config)
 
 
-def check_named_tensors(named_tensors: NamedTensors, shapes: dict[str, tuple[int, ...]], owner: str) -> None:
-    """Raise before anything is loaded: KeyError for a name the model lacks, ValueError for a wrong shape."""
-    for name, tensor in named_tensors:
-        if name not in shapes:
-            raise KeyError(f"{owner}: the model has no weight {name!r}{closest_spelling(name, shapes)}")
-        if tuple(tensor.shape) != tuple(shapes[name]):
-            raise ValueError(
-                f"{owner}: weight {name!r} has shape {tuple(tensor.shape)} but the model's is {tuple(shapes[name])}"
-            )
-
-
-def hf_weight_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
-    """Shapes of every Hugging Face weight name of the model (tied aliases included), and the names a full sync sends.
-
-    Built on the meta device from the config alone, so it costs no memory whatever the model size.
-    """
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
-    return shapes, frozenset(name for name, _ in model.named_parameters())
-
-
-def generation_pad_token_id(model_path: str) -> int:
-    """The pad id `model.generate` pads with (the generation config's pad id, else its eos id), as hf_infer uses."""
-    try:
-        config = GenerationConfig.from_pretrained(model_path)
-    except OSError:
-        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
-    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    return pad[0] if isinstance(pad, list) else pad
-
-
-def prompt_token_ids(batch: DataProto) -> list[list[int]]:
-    """The attended ids of each left-padded prompt row of `batch`."""
-    input_ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"].bool()
-    return [row[row_mask].tolist() for row, row_mask in zip(input_ids, mask, strict=True)]
-
-
-def pack_generations(
-    input_ids: torch.Tensor,
-    responses: list[list[int]],
-    args: GeneratingArguments,
-    pad_token_id: int,
-    log_probs: list[list[float]] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """hf_infer's layout from per-sample token lists ordered prompt-major, and the log-probs padded with 0."""
-    n, width = args.num_return_sequences, args.max_new_tokens
-    if len(responses) != len(input_ids) * n:
-        raise RuntimeError(f"the engine returned {len(responses)} samples for {len(input_ids)} prompts x {n}")
-    generated = torch.full((len(responses), width), pad_token_id, dtype=input_ids.dtype)
-    sampled_log_probs = None if log_probs is None else torch.zeros(len(responses), width)
-    for row, ids in enumerate(responses):
-        generated[row, : len(ids)] = torch.tensor(ids[:width], dtype=input_ids.dtype)
-        if sampled_log_probs is not None:
-            sampled_log_probs[row, : len(ids)] = torch.tensor(log_probs[row][:width])
-    return torch.cat([input_ids.repeat_interleave(n, dim=0), generated], dim=1), sampled_log_probs
-
-
-def memory_in_use(platform: Platform) -> int:
-    """Device bytes in use (engines' sleep allocators bypass torch's statistics), or the host RSS on CPU."""
-    if platform.is_accelerator:
-        free, total = getattr(torch, platform.device_type).mem_get_info()
-        return total - free
-    return platform.memory_stats().allocated
-
-
-class VllmStrategy(InferenceStrategy):
+class VllmStrategy(EngineStrategy):
     """A vLLM `LLM` engine on this worker's devices (or cores), for generation only."""
 
     strategy_name = "vllm"
+    engine_name = "vllm"
 
     def initialize(self, model_provider: ModelProvider) -> None:
         """Start the engine on `model_args.model_name_or_path`; vLLM loads it, so `model_provider` is not called."""
@@ -200,43 +129,13 @@ class VllmStrategy(InferenceStrategy):
             **self.config.engine_kwargs,
         )
         self.dtype = dtype_from_name(model_args.dtype)
-        self.weight_shapes, self.sync_weights = hf_weight_shapes(path)
-        self.pad_token_id = generation_pad_token_id(path)
+        self.weight_sync_shards = self.config.tensor_parallel_size
+        self._init_engine_state(path)
         self.in_process = not self.config.multiprocessing and self.config.tensor_parallel_size == 1
-        self.missing_weights: set[str] = set()  # weights the engine still lacks; generation waits for them
-        self.sync_open = False
-        self.asleep = False
         # vLLM's CPU worker ignores sleep (it only pauses the scheduler), so it needs no sleep mode there.
         self._can_sleep = self.config.enable_sleep_mode or not accelerator
 
-    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Not supported: vLLM exposes no logits for given sequences."""
-        raise NotImplementedError(
-            f"{self.worker_config.name}: the vllm strategy only generates. Compute log-probs of given sequences "
-            "with an hf_infer or deepspeed_infer role; the engine's log-probs of its own samples come from "
-            "generate_with_log_probs"
-        )
-
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Prompt ids followed by generated ids, `[B * n, prompt + max_new_tokens]`, in hf_infer's layout."""
-        return self._generate(batch, generating_args, with_log_probs=False)[0]
-
-    def generate_with_log_probs(
-        self, batch: DataProto, generating_args: GeneratingArguments
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`generate`'s ids, and the engine's log-prob of each generated token `[B * n, max_new_tokens]` (0 at padding).
-
-        The log-probs are vLLM's default `raw_logprobs`: log-softmax of the model's logits before
-        temperature, top-k and top-p, i.e. what an hf/deepspeed forward pass gives for the same tokens.
-        """
-        output_ids, log_probs = self._generate(batch, generating_args, with_log_probs=True)
-        return output_ids, log_probs
-
-    def _generate(
-        self, batch: DataProto, args: GeneratingArguments, with_log_probs: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self._check_serving()
-        prompts = prompt_token_ids(batch)
+    def _sample(self, prompts: list[list[int]], args: GeneratingArguments, with_log_probs: bool) -> Samples:
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids} for ids in prompts],
             self._sampling_params(args, len(prompts), with_log_probs),
@@ -246,11 +145,12 @@ class VllmStrategy(InferenceStrategy):
         responses = [list(sample.token_ids) for sample in samples]
         log_probs = None
         if with_log_probs:
+            # vLLM's default `raw_logprobs`: log-softmax of the logits before temperature, top-k and top-p.
             log_probs = [
                 [position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs, strict=True)]
                 for sample in samples
             ]
-        return pack_generations(batch.batch["input_ids"], responses, args, self.pad_token_id, log_probs)
+        return responses, log_probs
 
     def _sampling_params(
         self, args: GeneratingArguments, num_prompts: int, with_log_probs: bool
@@ -276,48 +176,12 @@ class VllmStrategy(InferenceStrategy):
         n = args.num_return_sequences
         return [SamplingParams(**common, seed=args.seed + i * n) for i in range(num_prompts)]
 
-    def _check_serving(self) -> None:
-        owner = self.worker_config.name
-        if self.asleep:
-            raise RuntimeError(f"{owner}: the vllm engine is asleep; call load_states() before generating")
-        if self.missing_weights:
-            missing = sorted(self.missing_weights)
-            raise RuntimeError(
-                f"{owner}: the vllm engine lacks {len(missing)} weight(s) (e.g. {missing[:3]}) of an incomplete weight "
-                "sync, or dropped by a level-2 sleep; load them with load_weights() before generating"
-            )
+    # ---- weight sync: vLLM's layerwise reload (see roll.third_party.vllm.worker_extension) --------
 
-    def load_weights(self, named_tensors: NamedTensors) -> None:
-        """Load one bucket of a weight sync (Hugging Face names, any dtype) into the engine in place.
+    def _begin_sync(self) -> None:
+        self.llm.collective_rpc("roll_begin_weight_sync")
 
-        A sync is the buckets that together hold every weight of the model once; the engine serves
-        the new weights as soon as the last one arrives (layers are rebuilt from all of their parts,
-        so a sync cannot leave weights out). Names and shapes are checked before anything is sent:
-        an unknown name raises KeyError and a wrong shape ValueError, both naming the weight; a
-        weight sent twice in one sync raises ValueError.
-        """
-        owner = self.worker_config.name
-        if self.asleep:
-            raise RuntimeError(f"{owner}: the vllm engine is asleep; call load_states() before load_weights()")
-        check_named_tensors(named_tensors, self.weight_shapes, owner)
-        names: set[str] = set()
-        for name, _ in named_tensors:
-            loaded = self.sync_open and name in self.sync_weights and name not in self.missing_weights
-            if name in names or loaded:
-                raise ValueError(f"{owner}: weight {name!r} was sent twice in one weight sync")
-            names.add(name)
-        if not self.sync_open:
-            self.llm.collective_rpc("roll_begin_weight_sync")
-            self.sync_open = True
-            self.missing_weights = set(self.sync_weights)
-        self._send(named_tensors)
-        self.missing_weights -= names
-        if not self.missing_weights:
-            self.llm.collective_rpc("roll_finish_weight_sync")
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-            self.sync_open = False
-
-    def _send(self, named_tensors: NamedTensors) -> None:
+    def _deliver(self, named_tensors: NamedTensors) -> None:
         bucket = [(name, t.to(self.dtype) if t.is_floating_point() else t) for name, t in named_tensors]
         if self.in_process:
             self.llm.collective_rpc("roll_load_weights", args=(bucket,))
@@ -328,6 +192,23 @@ class VllmStrategy(InferenceStrategy):
         with tempfile.NamedTemporaryFile(dir=shm, prefix="roll-weights-", suffix=".safetensors") as file:
             save_file({name: t.contiguous() for name, t in bucket}, file.name)
             self.llm.collective_rpc("roll_load_weights", args=(file.name,))
+
+    def _deliver_broadcast(self, specs: list[TensorSpec]) -> None:
+        self.llm.collective_rpc("roll_receive_bucket", args=([spec.to_json() for spec in specs],))
+
+    def _finish_sync(self) -> None:
+        self.llm.collective_rpc("roll_finish_weight_sync")
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def join_weight_broadcast(
+        self, master_addr: str, master_port: int, ranks: tuple[int, ...], world_size: int, backend: str
+    ) -> None:
+        """Every engine worker joins the group itself, engine worker i taking `ranks[i]`."""
+        self.llm.collective_rpc(
+            "roll_join_weight_broadcast", args=(master_addr, master_port, ranks, world_size, backend)
+        )
+
+    # ---- sleep and wake ---------------------------------------------------------------------
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
         """Sleep the engine at `sleep_level`: KV cache dropped, weights offloaded (1) or dropped (2).

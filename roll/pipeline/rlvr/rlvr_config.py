@@ -8,6 +8,7 @@ from typing import Literal
 from roll.configs.base_config import PipelineConfig
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.pipeline.rlvr.reward_sandbox import import_reward_fn
 
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "rloo")
@@ -80,6 +81,9 @@ class RLVRConfig(PipelineConfig):
     logging_steps: int = 1
     num_log_samples: int = 2
     weight_sync_bucket_mb: int = 64
+    # How actor_infer gets actor_train's weights: "auto" hands them over on shared devices and
+    # broadcasts to workers elsewhere; "colocated" or "broadcast" force one route for every worker.
+    weight_sync_method: SyncMethod = "auto"
     data: DataArguments = field(default_factory=DataArguments)
     algorithm: AlgorithmArguments = field(default_factory=AlgorithmArguments)
     actor_train: WorkerConfig = field(default_factory=WorkerConfig)
@@ -88,9 +92,25 @@ class RLVRConfig(PipelineConfig):
     critic: WorkerConfig | None = None
     rewards: dict[str, RewardConfig] = field(default_factory=lambda: {"math": RewardConfig()})
 
+    def weight_sync_plan(self, infer_tp_size: int) -> SyncPlan:
+        """Which actor_train rank feeds which actor_infer worker (see roll.distributed.weight_sync.plan)."""
+        train, infer = self.actor_train, self.actor_infer
+        try:
+            return plan_weight_sync(
+                devices_per_worker(train.devices, train.num_devices_per_worker) or [[]] * train.world_size,
+                devices_per_worker(infer.devices, infer.num_devices_per_worker) or [[]] * infer.world_size,
+                infer_tp_size,
+                self.weight_sync_method,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"weight_sync_method={self.weight_sync_method}: {exc}") from exc
+
     def validate(self) -> None:
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
         super().validate()
+        self.weight_sync_plan(infer_tp_size=1)  # a route that cannot exist fails here, before any worker starts
+        if self.weight_sync_bucket_mb < 1:
+            raise ConfigError(f"weight_sync_bucket_mb={self.weight_sync_bucket_mb} must be at least 1")
         samples = self.rollout_batch_size * self.actor_infer.generating_args.num_return_sequences
         self.check_divisible("rollout_batch_size", self.rollout_batch_size, self.actor_infer)
         for role in (self.actor_train, self.reference, self.critic):

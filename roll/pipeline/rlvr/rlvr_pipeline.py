@@ -8,11 +8,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import ray
 import torch
 from tqdm import tqdm
 
 from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, task_problems
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.weight_sync.syncer import WeightSyncer
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline import checkpoint_state
@@ -65,6 +67,13 @@ class RLVRPipeline(BasePipeline):
         self.run_dir = Path(config.output_dir) / config.exp_name
         self._start_roles()
         self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        infer = self.clusters["actor_infer"]
+        self.weight_syncer = WeightSyncer(
+            self.clusters["actor_train"],
+            infer,
+            config.weight_sync_plan(ray.get(infer.workers[0].weight_sync_shards.remote())),
+            config.weight_sync_bucket_mb * 2**20,
+        )
         self.weights_stale = False
 
     def _start_roles(self) -> None:
@@ -88,13 +97,10 @@ class RLVRPipeline(BasePipeline):
         timings.update(self.residency.enter(phase))
 
     def sync_weights(self) -> dict[str, float]:
-        """Push actor_train's weights to actor_infer (through Ray's shared-memory object store)."""
-        started = time.perf_counter()
-        bucket_bytes = self.config.weight_sync_bucket_mb * 2**20
-        buckets = next(b for b in self.clusters["actor_train"].weight_buckets(bucket_bytes) if b is not None)
-        loaded = self.clusters["actor_infer"].load_weight_buckets(buckets)[0]
+        """Bring actor_infer up to actor_train's weights (along the routes of the weight-sync plan)."""
+        metrics = self.weight_syncer.sync()
         self.weights_stale = False
-        return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started}
+        return metrics
 
     def score(self, batch: DataProto) -> torch.Tensor:
         """Scores of every row from the reward cluster of its domain (rows keep their order)."""

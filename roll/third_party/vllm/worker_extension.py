@@ -6,6 +6,10 @@ gate/up, repacked CPU kernels) once every part of it has arrived, whichever buck
 in. Loading each bucket as its own `reload_weights` call instead would rebuild a layer from only the
 parts in that bucket and leave the rest uninitialised. The method names must not collide with the
 worker's own (the CPU worker already has `update_weights`), hence the `roll_` prefix.
+
+Over a weight-broadcast group each engine worker is a member of its own (worker i takes the i-th of
+its actor's ranks): `roll_receive_bucket` receives a bucket's tensors straight into this worker's
+device and loads them into the open sync, while the actor reads the protocol's headers.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+from roll.distributed.weight_sync.broadcast import BroadcastGroup
+from roll.distributed.weight_sync.buckets import TensorSpec
 
 # A bucket arrives as the tensors themselves when the engine runs in the caller's process, or as the
 # path of a safetensors file when it runs in other processes (tensors do not survive the RPC there).
@@ -23,6 +30,8 @@ class WeightSyncExtension:
     """Streams Hugging Face-named weights into the model this vLLM worker runs, in place."""
 
     model_runner: object  # set by the vLLM worker this class is mixed into
+    rank: int  # this engine worker's rank in its engine (the tensor-parallel rank without pipeline stages)
+    device: torch.device
 
     def roll_begin_weight_sync(self) -> None:
         """Start a sync: layers wait, on the meta device, until all of their weights have been loaded."""
@@ -40,3 +49,15 @@ class WeightSyncExtension:
         runner.reset_lora_state()
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
+
+    def roll_join_weight_broadcast(
+        self, master_addr: str, master_port: int, ranks: tuple[int, ...], world_size: int, backend: str
+    ) -> None:
+        """Join the weight-broadcast group as `ranks[self.rank]`, receiving on this worker's device."""
+        device = torch.device("cpu") if backend == "gloo" else self.device
+        self.roll_weight_group = BroadcastGroup(master_addr, master_port, ranks[self.rank], world_size, backend, device)
+
+    def roll_receive_bucket(self, specs: list[list]) -> None:
+        """Receive the announced bucket (specs as JSON lists) over the group and load it into the open sync."""
+        bucket = self.roll_weight_group.receive_bucket([TensorSpec.from_json(spec) for spec in specs])
+        self.model_runner.get_model().load_weights(iter(bucket))

@@ -1,0 +1,188 @@
+"""What the generation engines (vLLM, SGLang) share: batch conversion, serving checks, weight-sync sessions.
+
+`generate` returns hf_infer's layout exactly: each left-padded prompt row repeated
+`num_return_sequences` times (prompt-major), followed by its generated ids right-padded with the
+pad id to `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+
+import torch
+from transformers import AutoConfig, GenerationConfig
+
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy
+from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, spec_of
+from roll.models.hf_weights import hf_weight_shapes
+from roll.platforms import Platform
+
+ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # model_args.dtype -> engine dtype
+# Per-sample token ids, and their log-probs when asked for.
+Samples = tuple[list[list[int]], list[list[float]] | None]
+
+
+def generation_pad_token_id(model_path: str) -> int:
+    """The pad id `model.generate` pads with (the generation config's pad id, else its eos id), as hf_infer uses."""
+    try:
+        config = GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    return pad[0] if isinstance(pad, list) else pad
+
+
+def prompt_token_ids(batch: DataProto) -> list[list[int]]:
+    """The attended ids of each left-padded prompt row of `batch`."""
+    input_ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"].bool()
+    return [row[row_mask].tolist() for row, row_mask in zip(input_ids, mask, strict=True)]
+
+
+def pack_generations(
+    input_ids: torch.Tensor,
+    responses: list[list[int]],
+    args: GeneratingArguments,
+    pad_token_id: int,
+    log_probs: list[list[float]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """hf_infer's layout from per-sample token lists ordered prompt-major, and the log-probs padded with 0."""
+    n, width = args.num_return_sequences, args.max_new_tokens
+    if len(responses) != len(input_ids) * n:
+        raise RuntimeError(f"the engine returned {len(responses)} samples for {len(input_ids)} prompts x {n}")
+    generated = torch.full((len(responses), width), pad_token_id, dtype=input_ids.dtype)
+    sampled_log_probs = None if log_probs is None else torch.zeros(len(responses), width)
+    for row, ids in enumerate(responses):
+        generated[row, : len(ids)] = torch.tensor(ids[:width], dtype=input_ids.dtype)
+        if sampled_log_probs is not None:
+            sampled_log_probs[row, : len(ids)] = torch.tensor(log_probs[row][:width])
+    return torch.cat([input_ids.repeat_interleave(n, dim=0), generated], dim=1), sampled_log_probs
+
+
+def memory_in_use(platform: Platform) -> int:
+    """Device bytes in use (engines' sleep allocators bypass torch's statistics), or the host RSS on CPU."""
+    if platform.is_accelerator:
+        free, total = getattr(torch, platform.device_type).mem_get_info()
+        return total - free
+    return platform.memory_stats().allocated
+
+
+class EngineStrategy(InferenceStrategy):
+    """A generation engine whose weights follow the trainer in sync sessions.
+
+    A sync session is the buckets that together hold every weight of the model once. The first
+    bucket opens it (`_begin_sync`); each is checked, then delivered (`_deliver` from tensors,
+    `_deliver_broadcast` over the weight-broadcast group); when the last weight has arrived the
+    engine closes it (`_finish_sync`) and serves the new weights. Until then generation refuses,
+    so a sync can never leave weights out. A weight sent twice in one session is an error.
+    """
+
+    engine_name = ""
+
+    def _init_engine_state(self, model_path: str) -> None:
+        """The bookkeeping every engine keeps; subclasses call it once their engine is up."""
+        self.weight_shapes, self.sync_weights = hf_weight_shapes(model_path)
+        self.pad_token_id = generation_pad_token_id(model_path)
+        self.missing_weights: set[str] = set()  # weights the engine still lacks; generation waits for them
+        self.sync_open = False
+        self.asleep = False
+
+    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
+        """Not supported: the engine exposes no logits for given sequences."""
+        raise NotImplementedError(
+            f"{self.worker_config.name}: the {self.engine_name} strategy only generates. Compute log-probs of given "
+            "sequences with an hf_infer or deepspeed_infer role; the engine's log-probs of its own samples come from "
+            "generate_with_log_probs"
+        )
+
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
+        """Prompt ids followed by generated ids, `[B * n, prompt + max_new_tokens]`, in hf_infer's layout."""
+        return self._generate(batch, generating_args, with_log_probs=False)[0]
+
+    def generate_with_log_probs(
+        self, batch: DataProto, generating_args: GeneratingArguments
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s ids, and the engine's log-prob of each generated token `[B * n, max_new_tokens]` (0 at padding).
+
+        The log-probs are taken before temperature, top-k and top-p, i.e. what an hf/deepspeed forward
+        pass gives for the same tokens.
+        """
+        output_ids, log_probs = self._generate(batch, generating_args, with_log_probs=True)
+        return output_ids, log_probs
+
+    def _generate(
+        self, batch: DataProto, args: GeneratingArguments, with_log_probs: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self._check_serving()
+        responses, log_probs = self._sample(prompt_token_ids(batch), args, with_log_probs)
+        return pack_generations(batch.batch["input_ids"], responses, args, self.pad_token_id, log_probs)
+
+    @abstractmethod
+    def _sample(self, prompts: list[list[int]], args: GeneratingArguments, with_log_probs: bool) -> Samples:
+        """The engine's samples for `prompts`, prompt-major, `num_return_sequences` per prompt."""
+
+    def _check_serving(self) -> None:
+        owner = self.worker_config.name
+        if self.asleep:
+            raise RuntimeError(
+                f"{owner}: the {self.engine_name} engine is asleep; call load_states() before generating"
+            )
+        if self.missing_weights:
+            missing = sorted(self.missing_weights)
+            raise RuntimeError(
+                f"{owner}: the {self.engine_name} engine lacks {len(missing)} weight(s) (e.g. {missing[:3]}) of an "
+                "incomplete weight sync, or dropped by a level-2 sleep; load them with load_weights() before generating"
+            )
+
+    # ---- weight sync sessions ----------------------------------------------------------------
+
+    def load_weights(self, named_tensors: NamedTensors) -> None:
+        """Load one bucket of a weight sync (Hugging Face names, any dtype) into the engine in place."""
+        specs = [spec_of(name, tensor) for name, tensor in named_tensors]
+        self._in_session(specs, lambda: self._deliver(named_tensors))
+
+    def receive_weight_bucket(self, specs: list[TensorSpec]) -> int:
+        """Receive the announced bucket over the weight-broadcast group straight into the engine; return its bytes."""
+        self._in_session(specs, lambda: self._deliver_broadcast(specs))
+        return sum(spec.nbytes for spec in specs)
+
+    def _in_session(self, specs: list[TensorSpec], deliver: Callable[[], None]) -> None:
+        owner = self.worker_config.name
+        if self.asleep:
+            raise RuntimeError(
+                f"{owner}: the {self.engine_name} engine is asleep; call load_states() before a weight sync"
+            )
+        self.check_weights(specs)
+        names: set[str] = set()
+        for spec in specs:
+            loaded = self.sync_open and spec.name in self.sync_weights and spec.name not in self.missing_weights
+            if spec.name in names or loaded:
+                raise ValueError(f"{owner}: weight {spec.name!r} was sent twice in one weight sync")
+            names.add(spec.name)
+        if not self.sync_open:
+            self._begin_sync()
+            self.sync_open = True
+            self.missing_weights = set(self.sync_weights)
+        deliver()
+        self.missing_weights -= names
+        if not self.missing_weights:
+            self._finish_sync()
+            self.sync_open = False
+
+    @abstractmethod
+    def _begin_sync(self) -> None:
+        """Open a weight-sync session in the engine."""
+
+    @abstractmethod
+    def _deliver(self, named_tensors: NamedTensors) -> None:
+        """Hand checked tensors to the engine's loader."""
+
+    @abstractmethod
+    def _deliver_broadcast(self, specs: list[TensorSpec]) -> None:
+        """Have the engine's members of the weight-broadcast group receive and load the announced bucket."""
+
+    @abstractmethod
+    def _finish_sync(self) -> None:
+        """Close the session: the engine serves the new weights (caches of the old ones dropped)."""

@@ -1,0 +1,72 @@
+"""Handing a bucket to an inference worker on the same node: shared memory on CPU, CUDA IPC on GPUs.
+
+The sender packs the bucket into one flat buffer. On CPU the buffer goes into Ray's object store
+(shared memory on the node) as a numpy array, which the receiver maps without a copy. On a GPU
+only a CUDA IPC handle of the buffer travels; the receiver opens it on the same physical device
+(the SyncPlan pairs a worker with the training rank on its first device, and roll gives every
+worker its own devices numbered from 0, so the index in the handle names the same device on both
+sides). The sender keeps the buffer alive until every receiver has loaded from it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, pack_flat, unpack_flat
+
+
+@dataclass
+class SharedBucket:
+    """A packed bucket as it travels: the flat buffer (CPU) or its IPC handle (GPU), and its specs."""
+
+    specs: list[TensorSpec]
+    host_buffer: np.ndarray | None = None
+    ipc_handle: tuple[Any, tuple] | None = None
+    nbytes: int = 0
+
+
+def share_bucket(bucket: NamedTensors) -> tuple[SharedBucket, torch.Tensor]:
+    """The bucket packed for a receiver on this node, and the flat buffer the sender must keep alive meanwhile."""
+    flat, specs = pack_flat(bucket)
+    if flat.is_cuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        torch.cuda.current_stream(flat.device).synchronize()  # the packing copies must land before the reader looks
+        return SharedBucket(specs, ipc_handle=reduce_tensor(flat), nbytes=flat.numel()), flat
+    return SharedBucket(specs, host_buffer=flat.numpy(), nbytes=flat.numel()), flat
+
+
+def open_bucket(shared: SharedBucket) -> NamedTensors:
+    """The named tensors of a shared bucket, as views of the sender's buffer (read them, do not write)."""
+    if shared.ipc_handle is not None:
+        rebuild, args = shared.ipc_handle
+        flat = rebuild(*args)
+    else:
+        with warnings.catch_warnings():
+            # Ray maps the object store read-only; the views are only ever copied from.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            flat = torch.from_numpy(shared.host_buffer)
+    return unpack_flat(flat, shared.specs)
+
+
+def hand_over(buckets: Iterable[NamedTensors], targets: list[Any], totals: dict[str, int]) -> Iterator[NamedTensors]:
+    """Pass each bucket through after every target actor has loaded it (`receive_colocated_bucket`).
+
+    The bucket goes into the object store once, whatever the number of targets; the bytes handed
+    over accumulate in `totals["colocated_bytes"]`.
+    """
+    for bucket in buckets:
+        if targets:
+            shared, buffer = share_bucket(bucket)
+            ref = ray.put(shared)
+            ray.get([target.receive_colocated_bucket.remote(ref) for target in targets])
+            totals["colocated_bytes"] += shared.nbytes * len(targets)
+            del ref, buffer  # the receivers are done with it
+        yield bucket
