@@ -22,9 +22,18 @@ from roll.configs.worker_config import GeneratingArguments, ModelArguments, Stra
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import generate_in_micro_batches
 from roll.distributed.strategy.sglang_strategy import SglangStrategy, parse_sglang_config
+from roll.distributed.weight_sync.broadcast import (
+    BroadcastGroup,
+    SyncHeaders,
+    open_store,
+    receive_weights,
+    send_weights,
+)
+from roll.distributed.weight_sync.buckets import iter_buckets
 from roll.models.model_providers import load_model, load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
+from tests.test_weight_sync import free_port, run_all
 
 GREEDY = GeneratingArguments(max_new_tokens=10, do_sample=False)
 # ServerArgs fields the adapter may pass (checked against SGLang's server_args.py).
@@ -352,3 +361,25 @@ def test_real_engine_generates_like_hf_infer_and_takes_new_weights(
         assert log_probs.dtype == torch.float32 and (log_probs <= 0).all()
     finally:
         strategy.shutdown()
+
+
+def test_weights_arrive_over_the_broadcast_group_as_sglang_receives_them(
+    fake_sglang: None, model_path: str, batch: DataProto, new_weights: list
+) -> None:
+    """roll's group source against SGLang's own group construction and per-tensor receive order."""
+    strategy = start(role_config(model_path))
+    port = free_port()
+    group, _ = run_all(  # the group forms only when both members are joining
+        lambda: BroadcastGroup("127.0.0.1", port, 0, 2, "gloo", torch.device("cpu"), timeout_s=60),
+        lambda: strategy.join_weight_broadcast("127.0.0.1", port, (1,), 2, "gloo"),
+    )
+    receiver_headers = SyncHeaders(open_store("127.0.0.1", port, is_master=False, timeout_s=60))
+    sent, loaded = run_all(
+        lambda: send_weights(SyncHeaders(group.store), group, iter_buckets(new_weights, 2**16), [1]),
+        lambda: receive_weights(receiver_headers, 1, strategy.check_weights, strategy.receive_weight_bucket),
+    )
+    assert loaded == sent == sum(t.numel() * t.element_size() for _, t in new_weights)
+    calls = [call for call, _ in strategy.engine.calls]
+    assert calls[0] == "init_weights_update_group" and calls[1] == "begin_weight_update"
+    assert calls[-2:] == ["end_weight_update", "flush_cache"] and "update_weights_from_distributed" in calls
+    assert torch.equal(strategy.generate(batch, GREEDY), hf_reference(model_path, batch, new_weights))
