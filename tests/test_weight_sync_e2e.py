@@ -1,0 +1,135 @@
+"""Weight sync end to end on real Ray: ZeRO-3 training on 2 ranks feeds hf_infer, deepspeed_infer and vLLM.
+
+hf_infer and deepspeed_infer share actor_train's devices (the colocated route, shared memory); the
+vLLM worker sits on a device of its own (the broadcast route over gloo). After a training step and
+a sync every engine must compute what the training model computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from roll.configs.worker_config import (
+    GeneratingArguments,
+    ModelArguments,
+    StrategyArguments,
+    TrainingArguments,
+    WorkerConfig,
+)
+from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
+from roll.distributed.weight_sync.syncer import WeightSyncer
+from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import make_tiny_model
+from roll.platforms import get_platform
+from tests.test_deepspeed_strategy import zero_block
+
+pytestmark = pytest.mark.slow
+WORKER = "roll.pipeline.base_worker.ActorWorker"
+GREEDY = GeneratingArguments(max_new_tokens=8, do_sample=False)
+
+
+def role(name: str, strategy: str, devices: str, model_path: str, block: dict | None = None) -> WorkerConfig:
+    config = WorkerConfig(
+        worker_cls=WORKER,
+        device_mapping=devices,
+        infer_batch_size=8,
+        model_args=ModelArguments(model_name_or_path=model_path, dtype="fp32"),
+        strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=block or {}),
+        training_args=TrainingArguments(learning_rate=5e-3, per_device_train_batch_size=4),
+        env_vars={"VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    config.resolve(name, 3)
+    return config
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def prompts(model_path: str) -> DataProto:
+    encoded = load_tokenizer(model_path)([f"{a}+{b * 3}=" for a in range(4) for b in range(2)], padding=True)
+    return DataProto.from_dict(tensors={k: torch.tensor(encoded[k]) for k in ("input_ids", "attention_mask")})
+
+
+@pytest.fixture(scope="module")
+def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
+    configs = {
+        "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(3)),
+        "hf_infer": role("hf_infer", "hf_infer", "0-1", model_path),
+        "deepspeed_infer": role("deepspeed_infer", "deepspeed_infer", "0-1", model_path, zero_block(3)),
+        "vllm": role("vllm", "vllm", "2", model_path, {"kv_cache_space_gb": 1}),
+    }
+    clusters = {name: Cluster(WORKER, config, manager) for name, config in configs.items()}
+    try:
+        for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
+            future.get()
+        yield clusters
+    finally:
+        for cluster in clusters.values():
+            cluster.shutdown()
+        manager.destroy()
+
+
+def syncer(roles: dict[str, Cluster], target: str, method: str = "auto") -> WeightSyncer:
+    train, infer = roles["actor_train"], roles[target]
+    plan = plan_weight_sync(
+        devices_per_worker(train.worker_config.devices, 1),
+        devices_per_worker(infer.worker_config.devices, 1),
+        method=method,
+    )
+    return WeightSyncer(train, infer, plan, bucket_bytes=2**16)
+
+
+def train_step(roles: dict[str, Cluster], prompts: DataProto) -> None:
+    """One supervised step on the training model's own greedy answers, at a learning rate that moves every weight."""
+    batch = roles["actor_train"].generate(prompts, GREEDY)
+    roles["actor_train"].sft_step(batch)
+
+
+def log_probs(cluster: Cluster, batch: DataProto) -> torch.Tensor:
+    return cluster.compute_log_probs(batch).batch["log_probs"]
+
+
+def test_every_engine_computes_what_the_trainer_computes_after_a_sync(
+    roles: dict[str, Cluster], prompts: DataProto
+) -> None:
+    routes = {
+        "hf_infer": syncer(roles, "hf_infer"),
+        "deepspeed_infer": syncer(roles, "deepspeed_infer"),
+        "vllm": syncer(roles, "vllm"),
+    }
+    assert routes["hf_infer"].plan.colocated == {0: (0,), 1: (1,)} and routes["vllm"].plan.broadcast_ranks == {0: (1,)}
+    for step in range(2):  # the second sync reuses the broadcast group
+        train_step(roles, prompts)
+        expected = roles["actor_train"].generate(prompts, GREEDY)
+        trainer_log_probs = log_probs(roles["actor_train"], expected)
+        if step == 0:
+            stale = log_probs(roles["hf_infer"], expected)
+            assert (stale - trainer_log_probs).abs().max() > 1e-3  # the step changed the model visibly
+        metrics = {name: route.sync() for name, route in routes.items()}
+        assert metrics["vllm"]["sync/broadcast_bytes"] > 0 and metrics["hf_infer"]["sync/colocated_bytes"] > 0
+        for name in ("hf_infer", "deepspeed_infer"):
+            torch.testing.assert_close(log_probs(roles[name], expected), trainer_log_probs, rtol=0, atol=1e-5)
+        generated = roles["vllm"].generate(prompts, GREEDY)
+        assert torch.equal(generated.batch["responses"], expected.batch["responses"])
+
+
+def test_forced_broadcast_reaches_colocated_workers_too(roles: dict[str, Cluster], prompts: DataProto) -> None:
+    route = syncer(roles, "hf_infer", method="broadcast")
+    assert route.plan.colocated == {} and route.plan.broadcast_world_size == 3
+    train_step(roles, prompts)
+    expected = roles["actor_train"].generate(prompts, GREEDY)
+    metrics = route.sync()
+    assert metrics["sync/colocated_bytes"] == 0 and metrics["sync/broadcast_bytes"] > 0
+    torch.testing.assert_close(
+        log_probs(roles["hf_infer"], expected), log_probs(roles["actor_train"], expected), rtol=0, atol=1e-5
+    )
