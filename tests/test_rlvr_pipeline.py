@@ -51,7 +51,7 @@ def test_short_run_logs_metrics_plots_and_checkpoints(ray_session: None, tmp_pat
     rows = run(make_config(tmp_path, "max_steps=3", "eval_steps=3"))
     steps = [row["step"] for row in rows]
     assert steps == [0, 1, 2, 3]
-    for key in ("rollout/score_mean", "actor/loss", "actor/kl", "actor/grad_norm", "time/generate_s", "sync/bytes"):
+    for key in ("rollout/score_mean", "actor/loss", "actor/kl", "actor/grad_norm", "time/generate_s", "sync/colocated_bytes"):
         assert key in rows[2], key
     assert rows[3]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0
     logs = tmp_path / "rlvr" / "logs"
@@ -135,3 +135,21 @@ def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) 
     for key in ("critic/loss", "critic/grad_norm", "critic/clipfrac", "actor/loss", "time/values_s"):
         assert key in rows[-1], key
     assert rows[-1]["critic/grad_norm"] > 0
+
+
+def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_group(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """actor_infer swapped to vLLM by override, on a third device slot: weights go over the gloo group."""
+    config = make_config(
+        tmp_path,
+        "max_steps=2",
+        "eval_steps=2",
+        "devices_per_node=3",
+        "actor_infer.device_mapping=2",
+        "actor_infer.strategy_args.strategy_name=vllm",
+    )
+    rows = run(config)
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    assert rows[2]["sync/broadcast_bytes"] > 0 and rows[2]["sync/colocated_bytes"] == 0
+    assert rows[2]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0
