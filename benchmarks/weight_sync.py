@@ -1,0 +1,134 @@
+"""Weight-sync seconds per GB on each route, against this machine's memcpy bandwidth.
+
+    python benchmarks/weight_sync.py [--model small --stage 3 --bucket-mb 64 --repeats 3]
+
+actor_train (deepspeed_train at ZeRO `--stage`, 2 ranks on device slots 0-1) syncs a locally built
+Qwen2 model (fp32) into four inference roles, one worker each: hf_infer and vllm on slot 0 (the
+colocated route: flat buckets through Ray's shared-memory object store) and hf_infer and vllm on
+slot 2 (the broadcast route: gloo from training rank 0). `source only` is the training side alone
+(every rank runs `iter_hf_weights`, gathering at ZeRO-3, and nothing is sent): the floor under
+every route. memcpy is one thread copying a buffer of the model's size, the fastest a single
+worker could move the bytes. The fastest of `--repeats` syncs counts. Prints a markdown table;
+see docs/weight_sync.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.generation_throughput import MODELS  # noqa: E402
+from roll.models.tiny import make_tiny_model  # noqa: E402
+
+WORKER = "roll.pipeline.base_worker.ActorWorker"
+TARGETS = {  # role name -> (strategy, device slot)
+    "hf_infer_colocated": ("hf_infer", "0"),
+    "vllm_colocated": ("vllm", "0"),
+    "hf_infer_broadcast": ("hf_infer", "2"),
+    "vllm_broadcast": ("vllm", "2"),
+}
+
+
+def memcpy_gb_per_s(nbytes: int, repeats: int) -> float:
+    """One thread copying `nbytes` between two buffers already touched (best of `repeats`)."""
+    torch.set_num_threads(1)
+    source, target = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - started)
+    return nbytes / best / 1e9
+
+
+def role(name: str, strategy: str, devices: str, model_dir: str, block: dict | None) -> object:
+    from roll.configs.worker_config import ModelArguments, StrategyArguments, WorkerConfig
+
+    config = WorkerConfig(
+        worker_cls=WORKER,
+        device_mapping=devices,
+        model_args=ModelArguments(model_name_or_path=model_dir, dtype="fp32"),
+        strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=block or {}),
+        env_vars={"VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    config.resolve(name, 3)
+    return config
+
+
+def zero_block(stage: int) -> dict:
+    import yaml
+
+    name = {0: "deepspeed_zero", 2: "deepspeed_zero2", 3: "deepspeed_zero3"}[stage]
+    return yaml.safe_load((REPO_ROOT / f"examples/config/{name}.yaml").read_text())[name]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="small")
+    parser.add_argument("--stage", type=int, choices=(0, 2, 3), default=3)
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import ray
+
+    from roll.distributed.executor.cluster import Cluster
+    from roll.distributed.scheduler.initialize import init_ray
+    from roll.distributed.scheduler.resource_manager import ResourceManager
+    from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
+    from roll.distributed.weight_sync.syncer import WeightSyncer, get_all
+    from roll.platforms import get_platform
+
+    model_dir = str(make_tiny_model(Path(tempfile.gettempdir()) / f"roll-bench-{args.model}", MODELS[args.model]))
+    init_ray(None, "roll-bench", 8, "cpu")
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
+    train = Cluster(WORKER, role("actor_train", "deepspeed_train", "0-1", model_dir, zero_block(args.stage)), manager)
+    infer = {name: Cluster(WORKER, role(name, s, d, model_dir, None), manager) for name, (s, d) in TARGETS.items()}
+    for future in [c.initialize(blocking=False) for c in [train, *infer.values()]]:
+        future.get()
+    bucket_bytes = args.bucket_mb * 2**20
+
+    def best_of(call: object) -> float:
+        best = float("inf")
+        for _ in range(args.repeats + 1):  # the first call warms up (allocations, group set-up)
+            started = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    seconds = {
+        "source only": best_of(lambda: get_all([w.send_weights.remote(bucket_bytes, [], None) for w in train.workers]))
+    }
+    nbytes = 0
+    for name, cluster in infer.items():
+        plan = plan_weight_sync(devices_per_worker(train.worker_config.devices, 1), [cluster.worker_config.devices])
+        syncer = WeightSyncer(train, cluster, plan, bucket_bytes)
+        metrics = syncer.sync()
+        nbytes = int(metrics["sync/colocated_bytes"] + metrics["sync/broadcast_bytes"])
+        seconds[name] = best_of(syncer.sync)
+    memcpy = memcpy_gb_per_s(nbytes, args.repeats)
+    gigabytes = nbytes / 1e9
+    print(f"model {args.model}: {nbytes / 4e6:.1f}M parameters, {gigabytes:.3f} GB fp32, ZeRO-{args.stage} on 2 ranks,")
+    print(f"buckets of {args.bucket_mb} MiB; memcpy (1 thread) {memcpy:.2f} GB/s\n")
+    print("| route | seconds per sync | seconds per GB | GB/s | share of memcpy |")
+    print("|---|---|---|---|---|")
+    for name, value in seconds.items():
+        rate = gigabytes / value
+        print(f"| {name} | {value:.3f} | {value / gigabytes:.2f} | {rate:.2f} | {rate / memcpy:.0%} |")
+    for cluster in [train, *infer.values()]:
+        cluster.shutdown()
+    manager.destroy()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
