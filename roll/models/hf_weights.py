@@ -17,27 +17,52 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from roll.configs.schema import closest_spelling
 
 # gather(params) must make the full values of `params` readable inside the context (ZeRO-3
-# partitions them); a no-op context where parameters are whole.
+# partitions them).
 Gather = Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager]
+# Parameters are gathered in groups of about this many bytes: one collective per group, not per tensor.
+GATHER_GROUP_BYTES = 64 * 2**20
 
 
-def no_gather(params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager:
-    """For models whose parameters are whole on every rank."""
-    return contextlib.nullcontext()
+def _full_bytes(param: torch.nn.Parameter) -> int:
+    return getattr(param, "ds_numel", param.numel()) * param.element_size()
 
 
-def hf_named_weights(model: torch.nn.Module, gather: Gather = no_gather) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(name, tensor)` for every weight of the plain model, copies on the parameters' device.
+def _gather_groups(
+    named: list[tuple[str, torch.nn.Parameter]], group_bytes: int
+) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
+    group: list[tuple[str, torch.nn.Parameter]] = []
+    size = 0
+    for name, param in named:
+        group.append((name, param))
+        size += _full_bytes(param)
+        if size >= group_bytes:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
 
-    For a PEFT model the adapter weights are folded into their base layers
-    (`W + scaling * B @ A`), full-trained heads (`modules_to_save`) replace the originals, and the
-    PEFT name prefixes are removed.
+
+def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(name, tensor)` for every weight of the plain model, on the parameters' device.
+
+    Without `gather` (parameters whole) the tensors are the parameters' own data, valid until the
+    model next changes; with it they are copies made while their group was gathered. For a PEFT
+    model the adapter weights are folded into their base layers (`W + scaling * B @ A`),
+    full-trained heads (`modules_to_save`) replace the originals, and the PEFT name prefixes are
+    removed.
     """
     if not isinstance(model, PeftModel):
-        for name, param in model.named_parameters():
-            with gather([param]):
-                yield name, param.data.detach().clone()
+        named = list(model.named_parameters())
+        if gather is None:
+            for name, param in named:
+                yield name, param.data.detach()
+            return
+        for group in _gather_groups(named, GATHER_GROUP_BYTES):
+            with gather([param for _, param in group]):
+                for name, param in group:
+                    yield name, param.data.detach().clone()
         return
+    gather = gather or (lambda params: contextlib.nullcontext())
     base = model.get_base_model()
     adapter = model.active_adapter
     for name, param in base.named_parameters():

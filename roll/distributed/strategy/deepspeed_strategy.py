@@ -113,11 +113,12 @@ class DeepSpeedInferStrategy(InferenceStrategy):
                 param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every weight in full by Hugging Face name (gathered one at a time at stage 3), LoRA merged, on all ranks."""
+        """Every weight in full by Hugging Face name, LoRA merged, on all ranks.
 
-        def gather(params: list[torch.nn.Parameter]) -> deepspeed.zero.GatheredParameters:
-            return deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3)
-
+        At stage 3 parameters are gathered a group at a time and copied; below it the tensors are
+        the parameters themselves, valid until the next optimizer step.
+        """
+        gather = deepspeed.zero.GatheredParameters if self.zero_stage == 3 else None
         yield from hf_named_weights(self.unwrapped_model, gather)
 
     def shutdown(self) -> None:

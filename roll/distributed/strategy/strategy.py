@@ -115,7 +115,7 @@ class TrainStrategy(InferenceStrategy):
 
     @abstractmethod
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered) parameters by Hugging Face name, one at a time, on every rank."""
+        """Full parameters by Hugging Face name, one at a time, on every rank; valid until the model changes."""
 
     @abstractmethod
     def export_hf(self, output_dir: str) -> str:
