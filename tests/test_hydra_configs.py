@@ -138,3 +138,17 @@ def test_gpu_recipe_validates_with_every_deepspeed_block(block: str) -> None:
     assert config.actor_infer.strategy_args.strategy_name == "vllm"
     resolved = config.actor_train.strategy_args.strategy_config
     assert resolved["zero_optimization"]["stage"] == EXPECTED_STAGES[block]
+
+
+def test_engine_blocks_are_checked_when_the_config_loads() -> None:
+    """A wrong vllm key fails at config time, naming the field, before any engine or Ray actor starts."""
+    cfg = compose_config("rlvr_qwen2.5_0.5b_8gpu", ["+actor_infer.strategy_args.strategy_config.kv_cache_gb=4"])
+    with pytest.raises(ConfigError, match=r"actor_infer\.strategy_args\.strategy_config\.kv_cache_gb' \(did you mean"):
+        load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))
+
+
+def test_an_impossible_weight_sync_route_is_a_config_error() -> None:
+    overrides = ["platform=cpu", "devices_per_node=3", "actor_infer.device_mapping=2", "weight_sync_method=colocated"]
+    cfg = compose_config("rlvr_arithmetic", overrides)
+    with pytest.raises(ConfigError, match=r"weight_sync_method=colocated: inference worker 0 \(devices \[2\]\)"):
+        load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))

@@ -24,6 +24,8 @@ STRATEGIES: dict[str, str] = {
 CONFIG_CHECKS: dict[str, str] = {
     "deepspeed_train": "roll.distributed.strategy.deepspeed_config.check_train_config",
     "deepspeed_infer": "roll.distributed.strategy.deepspeed_config.check_infer_config",
+    "vllm": "roll.distributed.strategy.vllm_strategy.check_vllm_config",
+    "sglang": "roll.distributed.strategy.sglang_strategy.check_sglang_config",
 }
 
 

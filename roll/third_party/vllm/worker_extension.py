@@ -21,6 +21,14 @@ from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, i
 from roll.distributed.weight_sync.broadcast import BroadcastGroup
 from roll.distributed.weight_sync.buckets import TensorSpec
 
+# vLLM's CPU attention runs AMX tile kernels for bf16 whenever the CPU has AMX (CPUID), but Linux
+# faults (SIGILL) on tile instructions until the process has asked for them (arch_prctl
+# ARCH_REQ_XCOMP_PERM), and a spawned process starts without that permission. oneDNN asks on its
+# first AMX GEMM, which vLLM's small-GEMM kernel skips below 5 rows, so an engine process whose first
+# step is one short prompt reaches attention first and dies. vLLM imports this module in every worker
+# process before it loads the model: ask here (a no-op returning False on CPUs without AMX).
+torch.cpu._init_amx()
+
 # A bucket arrives as the tensors themselves when the engine runs in the caller's process, or as the
 # path of a safetensors file when it runs in other processes (tensors do not survive the RPC there).
 Bucket = list[tuple[str, torch.Tensor]] | str
