@@ -51,9 +51,9 @@ def test_short_run_logs_metrics_plots_and_checkpoints(ray_session: None, tmp_pat
     rows = run(make_config(tmp_path, "max_steps=3", "eval_steps=3"))
     steps = [row["step"] for row in rows]
     assert steps == [0, 1, 2, 3]
-    keys = ("rollout/score_mean", "actor/loss", "actor/kl", "actor/grad_norm", "time/generate_s", "sync/colocated_bytes")
-    for key in keys:
+    for key in ("rollout/score_mean", "actor/loss", "actor/kl", "actor/grad_norm", "time/generate_s"):
         assert key in rows[2], key
+    assert rows[2]["sync/colocated_bytes"] > 0 and rows[2]["sync/broadcast_bytes"] == 0
     assert rows[3]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0
     logs = tmp_path / "rlvr" / "logs"
     assert list((logs / "tensorboard").glob("events.out.tfevents.*"))
