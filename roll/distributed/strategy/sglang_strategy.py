@@ -21,6 +21,7 @@ from roll.distributed.strategy.strategy import ModelProvider
 from roll.distributed.weight_sync.broadcast import GROUP_NAME
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
+from roll.models.tiny import resolve_model_path
 
 # Engine arguments roll derives from the role's config; engine_kwargs may not set them a second way.
 _RESERVED_ENGINE_KWARGS = {
@@ -98,7 +99,7 @@ class SglangStrategy(EngineStrategy):
         """Start the engine on `model_args.model_name_or_path`; SGLang loads it, so `model_provider` is not called."""
         self.config = parse_sglang_config(self.worker_config)
         model_args = self.worker_config.model_args
-        path = model_args.model_name_or_path
+        path = resolve_model_path(model_args.model_name_or_path)  # tiny:// references included
         # Log-probs before temperature, like vLLM's raw_logprobs and hf forward passes (both spellings:
         # SGLang renamed the variable).
         for name in ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB"):

@@ -20,6 +20,7 @@ from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineStrat
 from roll.distributed.strategy.strategy import ModelProvider
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
+from roll.models.tiny import resolve_model_path
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -99,7 +100,7 @@ class VllmStrategy(EngineStrategy):
         """Start the engine on `model_args.model_name_or_path`; vLLM loads it, so `model_provider` is not called."""
         self.config = parse_vllm_config(self.worker_config)
         model_args = self.worker_config.model_args
-        path = model_args.model_name_or_path
+        path = resolve_model_path(model_args.model_name_or_path)  # tiny:// references included
         # vLLM reads these when it is imported and when the engine starts.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.config.multiprocessing else "0"
         accelerator = self.worker.platform.is_accelerator
