@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import ray
 import torch
 
 from roll.configs.worker_config import (
@@ -49,11 +50,18 @@ class EngineActorWorker(ActorWorker):
 
 
 def role(
-    name: str, strategy: str, devices: str, model_path: str, block: dict | None = None, dtype: str = "fp32"
+    name: str,
+    strategy: str,
+    devices: str,
+    model_path: str,
+    block: dict | None = None,
+    dtype: str = "fp32",
+    devices_per_worker: int = 1,
 ) -> WorkerConfig:
     config = WorkerConfig(
         worker_cls=WORKER,
         device_mapping=devices,
+        num_devices_per_worker=devices_per_worker,
         infer_batch_size=8,
         model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype),
         strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=block or {}),
@@ -84,6 +92,7 @@ def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
         "deepspeed_infer": role("deepspeed_infer", "deepspeed_infer", "0-1", model_path, zero_block(3)),
         "vllm": role("vllm", "vllm", "2", model_path),
         "vllm_bf16": role("vllm_bf16", "vllm", "2", model_path, dtype="bf16"),
+        "vllm_tp2": role("vllm_tp2", "vllm", "1-2", model_path, {"tensor_parallel_size": 2}, devices_per_worker=2),
     }
     clusters = {name: Cluster(WORKER, config, manager) for name, config in configs.items()}
     try:
@@ -98,9 +107,11 @@ def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
 
 def syncer(roles: dict[str, Cluster], target: str, method: str = "auto") -> WeightSyncer:
     train, infer = roles["actor_train"], roles[target]
+    config = infer.worker_config
     plan = plan_weight_sync(
         devices_per_worker(train.worker_config.devices, 1),
-        devices_per_worker(infer.worker_config.devices, 1),
+        devices_per_worker(config.devices, config.num_devices_per_worker),
+        ray.get(infer.workers[0].weight_sync_shards.remote()),
         method=method,
     )
     return WeightSyncer(train, infer, plan, bucket_bytes=2**16)
@@ -167,3 +178,19 @@ def test_a_bf16_engine_agrees_with_the_fp32_trainer_within_bf16_tolerance(
     greedy = roles["vllm_bf16"].generate(prompts, GREEDY).batch["responses"]
     expected = roles["actor_train"].generate(prompts, GREEDY).batch["responses"]
     assert (greedy == expected).all(dim=1).float().mean() >= 0.75  # near-ties may flip in bf16
+
+
+@pytest.mark.parametrize("method", ["auto", "broadcast"])
+def test_a_tensor_parallel_engine_takes_weights_on_either_route(
+    roles: dict[str, Cluster], prompts: DataProto, method: str
+) -> None:
+    """vLLM with 2 engine processes on slots 1-2: from training rank 1 through files, or one group rank per shard."""
+    route = syncer(roles, "vllm_tp2", method)
+    if method == "auto":
+        assert route.plan.colocated == {1: (0,)}  # slot 1 is training rank 1's
+    else:
+        assert route.plan.broadcast_ranks == {0: (1, 2)} and route.plan.broadcast_world_size == 3
+    train_step(roles, prompts)
+    route.sync()
+    expected = roles["actor_train"].generate(prompts, GREEDY)
+    assert torch.equal(roles["vllm_tp2"].generate(prompts, GREEDY).batch["responses"], expected.batch["responses"])

@@ -109,12 +109,17 @@ class VllmStrategy(EngineStrategy):
                 "gpu_memory_utilization": self.config.gpu_memory_utilization,
                 "enable_sleep_mode": self.config.enable_sleep_mode,
             }
-            if self.config.tensor_parallel_size > 1:
-                # TP workers as child processes of this actor, on the devices the actor was given.
-                device_kwargs["distributed_executor_backend"] = "mp"
         else:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.kv_cache_space_gb)
+            if self.config.tensor_parallel_size > 1:
+                # vLLM would pin each TP process to a NUMA node of its own and refuse with fewer nodes than
+                # processes; roll sizes threads per worker itself (ROLL_NUM_THREADS), so no pinning.
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             device_kwargs = {}
+        if self.config.tensor_parallel_size > 1:
+            # TP workers as child processes of this actor, on the devices (or cores) the actor was given;
+            # inside a Ray actor vLLM would otherwise pick its Ray executor.
+            device_kwargs["distributed_executor_backend"] = "mp"
         from vllm import LLM
 
         enforce_eager = self.config.enforce_eager if self.config.enforce_eager is not None else not accelerator
