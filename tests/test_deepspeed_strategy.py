@@ -147,13 +147,13 @@ def test_save_then_load_continues_exactly(
     cluster = start_role(resource_manager, model_path, zero_block(2))
     try:
         train_losses(cluster, batch, 2)
-        assert cluster.save(str(tmp_path), "step2") == [str(tmp_path / "step2")] * 2
+        assert cluster.save_checkpoint(str(tmp_path), "step2") == [str(tmp_path / "step2")] * 2
         uninterrupted = train_losses(cluster, batch, 2)
     finally:
         cluster.shutdown()
     resumed_cluster = start_role(resource_manager, model_path, zero_block(2))
     try:
-        resumed_cluster.load(str(tmp_path))
+        resumed_cluster.load_checkpoint(str(tmp_path))
         resumed = train_losses(resumed_cluster, batch, 2)
     finally:
         resumed_cluster.shutdown()
@@ -166,7 +166,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(
     cluster = start_role(resource_manager, model_path, zero_block(3))
     try:
         train_losses(cluster, batch, 2)
-        cluster.save(str(tmp_path), "step2")
+        cluster.save_checkpoint(str(tmp_path), "step2")
         uninterrupted = train_losses(cluster, batch, 2)
     finally:
         cluster.shutdown()
@@ -175,7 +175,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(
     single = start_role(resource_manager, model_path, zero_block(3), devices="0", accumulation=4)
     same_steps = batch[[0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]]
     try:
-        single.load(str(tmp_path))
+        single.load_checkpoint(str(tmp_path))
         resumed = train_losses(single, same_steps, 2)
     finally:
         single.shutdown()
@@ -189,7 +189,7 @@ def test_hf_export_loads_with_equal_logits(
     try:
         train_losses(cluster, batch, 2)
         strategy_log_probs = cluster.log_probs(batch).batch["log_probs"]
-        cluster.export(str(tmp_path / "hf"))
+        cluster.export_hf(str(tmp_path / "hf"))
     finally:
         cluster.shutdown()
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
@@ -211,7 +211,7 @@ def test_lora_trains_adapters_and_exports_a_merged_plain_model(
     try:
         losses = train_losses(cluster, batch, 3)
         strategy_log_probs = cluster.log_probs(batch).batch["log_probs"]
-        cluster.export(str(tmp_path / "hf"))
+        cluster.export_hf(str(tmp_path / "hf"))
     finally:
         cluster.shutdown()
     assert losses[-1] < losses[0], losses

@@ -84,6 +84,7 @@ class DeepSpeedInferStrategy(InferenceStrategy):
             self.worker_config.infer_batch_size,
             self.device,
             synced_ranks=synced,
+            model_path=self.worker_config.model_args.model_name_or_path,
         )
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.strategy import ForwardFunc
+from roll.models.model_providers import load_tokenizer
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -58,6 +61,12 @@ def generation_kwargs(args: GeneratingArguments, pad_token_id: int, eos_token_id
     return kwargs
 
 
+@functools.cache
+def cached_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of `model_path`, loaded once per process."""
+    return load_tokenizer(model_path)
+
+
 @torch.no_grad()
 def generate_in_micro_batches(
     model: torch.nn.Module,
@@ -66,16 +75,23 @@ def generate_in_micro_batches(
     micro_batch_size: int,
     device: torch.device | str,
     synced_ranks: bool = False,
+    model_path: str = "",
 ) -> torch.Tensor:
     """Prompts followed by up to `max_new_tokens` generated tokens, padded to that full width.
 
     `synced_ranks` keeps ZeRO-3 ranks stepping together until every rank has finished (each
     forward gathers parameters from all ranks), so ranks whose sequences end early do not hang
-    the others. Every rank must then get the same number of micro-batches.
+    the others. Every rank must then get the same number of micro-batches. `stop_strings` end a
+    sample after the first stop string (kept, as vLLM keeps it); matching them needs the tokenizer
+    of `model_path`.
     """
     config = model.generation_config
     pad_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     kwargs = generation_kwargs(args, pad_id, config.eos_token_id)
+    if args.stop_strings:
+        if not model_path:
+            raise ValueError("generation with stop_strings needs the model path, whose tokenizer matches them")
+        kwargs.update(stop_strings=list(args.stop_strings), tokenizer=cached_tokenizer(model_path))
     if args.seed is not None:
         torch.manual_seed(args.seed)
     outputs = []

@@ -32,7 +32,12 @@ class HfInferStrategy(InferenceStrategy):
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
         """Sampled (or greedy) continuations of the prompts in `batch`."""
         return generate_in_micro_batches(
-            self.model, batch, generating_args, self.worker_config.infer_batch_size, self.device
+            self.model,
+            batch,
+            generating_args,
+            self.worker_config.infer_batch_size,
+            self.device,
+            model_path=self.worker_config.model_args.model_name_or_path,
         )
 
     def load_weights(self, named_tensors: NamedTensors) -> None:

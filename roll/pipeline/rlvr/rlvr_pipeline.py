@@ -97,8 +97,16 @@ class RLVRPipeline(BasePipeline):
         timings.update(self.residency.enter(phase))
 
     def sync_weights(self) -> dict[str, float]:
-        """Bring actor_infer up to actor_train's weights (along the routes of the weight-sync plan)."""
-        metrics = self.weight_syncer.sync()
+        """Bring actor_infer up to actor_train's weights if an update made them stale; return the sync's metrics.
+
+        The weights travel along the routes of the weight-sync plan (`weight_sync_method`).
+        """
+        if not self.weights_stale:
+            return {}
+        metrics = self.residency.enter(phases.SYNC_WEIGHTS)
+        started = time.perf_counter()
+        metrics.update(self.weight_syncer.sync())
+        metrics["time/sync_weights_s"] = time.perf_counter() - started
         self.weights_stale = False
         return metrics
 
@@ -131,11 +139,7 @@ class RLVRPipeline(BasePipeline):
         def timed(name: str, started: float) -> None:
             timings[f"time/{name}_s"] = time.perf_counter() - started
 
-        if self.weights_stale:
-            self._enter(phases.SYNC_WEIGHTS, timings)
-            started = phase_started()
-            metrics.update(self.sync_weights())
-            timed("sync_weights", started)
+        metrics.update(self.sync_weights())
 
         self._enter(phases.GENERATE, timings)
         started = phase_started()
@@ -243,9 +247,7 @@ class RLVRPipeline(BasePipeline):
 
     def evaluate(self) -> float:
         """Greedy held-out accuracy of the current policy (actor_infer with the latest weights)."""
-        if self.weights_stale:
-            self.residency.enter(phases.SYNC_WEIGHTS)
-            self.sync_weights()
+        self.sync_weights()
         self.residency.enter(phases.GENERATE)
         accuracy, _ = greedy_accuracy(
             self.clusters["actor_infer"],
