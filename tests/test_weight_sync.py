@@ -84,7 +84,7 @@ def test_buckets_reach_their_size_and_keep_order() -> None:
     assert [name for bucket in buckets for name, _ in bucket] == [name for name, _ in weights]
     # a (60 B) needs b (14 B) to pass 64 B; c, d and e (2 + 40 + 64 B) are the rest.
     assert [len(bucket) for bucket in buckets] == [2, 3]
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="must be positive"):
         next(iter_buckets(weights, 0))
 
 

@@ -15,6 +15,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from roll.configs.schema import closest_spelling
+from roll.distributed.weight_sync.buckets import iter_groups
 
 # gather(params) must make the full values of `params` readable inside the context (ZeRO-3
 # partitions them).
@@ -25,21 +26,6 @@ GATHER_GROUP_BYTES = 64 * 2**20
 
 def _full_bytes(param: torch.nn.Parameter) -> int:
     return getattr(param, "ds_numel", param.numel()) * param.element_size()
-
-
-def _gather_groups(
-    named: list[tuple[str, torch.nn.Parameter]], group_bytes: int
-) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
-    group: list[tuple[str, torch.nn.Parameter]] = []
-    size = 0
-    for name, param in named:
-        group.append((name, param))
-        size += _full_bytes(param)
-        if size >= group_bytes:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
 
 
 def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -57,7 +43,7 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> It
             for name, param in named:
                 yield name, param.data.detach()
             return
-        for group in _gather_groups(named, GATHER_GROUP_BYTES):
+        for group in iter_groups(named, GATHER_GROUP_BYTES, lambda item: _full_bytes(item[1])):
             with gather([param for _, param in group]):
                 for name, param in group:
                     yield name, param.data.detach().clone()

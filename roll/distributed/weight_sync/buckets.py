@@ -7,12 +7,14 @@ or packed into one flat byte buffer (handed over on a node), whose views unpack 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 NamedTensors = list[tuple[str, torch.Tensor]]
+T = TypeVar("T")
 # Offsets in a flat bucket are multiples of this, so every dtype can be viewed in place.
 _ALIGN = 64
 
@@ -22,20 +24,25 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
-    """Consecutive groups of at least `bucket_bytes` (the last may be smaller; a larger tensor is a bucket alone)."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    bucket: NamedTensors = []
+def iter_groups(items: Iterable[T], limit: int, size_of: Callable[[T], int]) -> Iterator[list[T]]:
+    """Consecutive groups whose sizes reach `limit` (the last may be smaller; a larger item is a group alone)."""
+    if limit < 1:
+        raise ValueError(f"a group size limit must be positive, got {limit}")
+    group: list[T] = []
     size = 0
-    for name, tensor in named_tensors:
-        bucket.append((name, tensor))
-        size += tensor_bytes(tensor)
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
+    for item in items:
+        group.append(item)
+        size += size_of(item)
+        if size >= limit:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
+    """Consecutive buckets of at least `bucket_bytes` (the last may be smaller)."""
+    return iter_groups(named_tensors, bucket_bytes, lambda item: tensor_bytes(item[1]))
 
 
 @dataclass(frozen=True)

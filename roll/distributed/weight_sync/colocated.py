@@ -3,9 +3,9 @@
 The sender packs the bucket into one flat buffer. On CPU the buffer goes into Ray's object store
 (shared memory on the node) as a numpy array, which the receiver maps without a copy. On a GPU
 only a CUDA IPC handle of the buffer travels; the receiver opens it on the same physical device
-(the SyncPlan pairs a worker with the training rank on its first device, and roll gives every
-worker its own devices numbered from 0, so the index in the handle names the same device on both
-sides). The sender keeps the buffer alive until every receiver has loaded from it.
+(the SyncPlan pairs a worker with the training rank on its first device, which is the worker's
+current device, so the handle's device index is replaced by it). The sender keeps the buffer alive
+until every receiver has loaded from it.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def open_bucket(shared: SharedBucket) -> NamedTensors:
     """The named tensors of a shared bucket, as views of the sender's buffer (read them, do not write)."""
     if shared.ipc_handle is not None:
         rebuild, args = shared.ipc_handle
+        # Argument 6 is the sender's device index; the same GPU is this worker's current device.
+        args = (*args[:6], torch.cuda.current_device(), *args[7:])
         flat = rebuild(*args)
     else:
         with warnings.catch_warnings():
