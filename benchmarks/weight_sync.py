@@ -7,9 +7,9 @@ Qwen2 model (fp32) into four inference roles, one worker each: hf_infer and vllm
 colocated route: flat buckets through Ray's shared-memory object store) and hf_infer and vllm on
 slot 2 (the broadcast route: gloo from training rank 0). `source only` is the training side alone
 (every rank runs `iter_hf_weights`, gathering at ZeRO-3, and nothing is sent): the floor under
-every route. memcpy is one thread copying a buffer of the model's size, the fastest a single
-worker could move the bytes. The fastest of `--repeats` syncs counts. Prints a markdown table;
-see docs/weight_sync.md.
+every route, printed at stage 3 only (below it the export is free). memcpy is one thread copying
+a buffer of the model's size, the fastest a single worker could move the bytes. The fastest of
+`--repeats` syncs counts. Prints a markdown table; see docs/weight_sync.md.
 """
 
 from __future__ import annotations
