@@ -49,3 +49,19 @@ class TensorParallelEchoWorker(EchoWorker):
     def __init__(self, worker_config) -> None:
         super().__init__(worker_config)
         self.rank_info = rank_layout(self.world_size, tp_size=2)[self.rank]
+
+
+class ClosingWorker(EchoWorker):
+    """Writes a file when Cluster.shutdown lets it close."""
+
+    def close(self) -> None:
+        with open(self.worker_config.env_vars["CLOSED_MARKER"] + str(self.rank), "w") as marker:
+            marker.write("closed")
+
+
+class ShadowingWorker(EchoWorker):
+    """Registers a method under a name Cluster uses itself."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        pass

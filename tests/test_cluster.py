@@ -123,3 +123,23 @@ def test_cluster_check_pipeline_runs_colocated_roles(ray_session: None) -> None:
     assert set(report) == {"actor_train", "actor_infer"}
     assert report["actor_train"]["backend"] == "gloo"
     assert report["actor_infer"]["dp_ranks_in_order"] == [0, 0, 1, 1]
+
+
+def test_shutdown_closes_every_worker_then_frees_its_cpus(ray_session: None, tmp_path) -> None:
+    before = ray.available_resources().get("CPU", 0)
+    marker = str(tmp_path / "closed-")
+    cluster = start(
+        "closing", None, "tests.cluster_workers.ClosingWorker", world_size=2, env_vars={"CLOSED_MARKER": marker}
+    )
+    assert cluster.whoami() == 0
+    cluster.shutdown()
+    assert [(tmp_path / f"closed-{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) >= before
+
+
+def test_a_registered_method_may_not_shadow_the_cluster(ray_session: None) -> None:
+    with pytest.raises(TypeError, match=r"ShadowingWorker\.shutdown is registered but Cluster has its own"):
+        start("shadow", None, "tests.cluster_workers.ShadowingWorker", world_size=1)

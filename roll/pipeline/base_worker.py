@@ -79,6 +79,12 @@ class StrategyWorker(Worker):
         self.strategy.initialize(lambda: load_model(config.model_args, self.model_kind, trainable=trainable))
         self.broadcast_sources: dict[str, tuple[BroadcastGroup, SyncHeaders, list[int]]] = {}
 
+    def close(self) -> None:
+        """Shut the strategy down (engines and their processes, process groups)."""
+        strategy = getattr(self, "strategy", None)
+        if strategy is not None:
+            strategy.shutdown()
+
     @register(Dispatch.ONE_TO_ALL)
     def offload_states(self) -> dict[str, float]:
         """Move this worker's model states off the device."""

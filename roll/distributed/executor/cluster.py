@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import DISPATCH_ATTR, Dispatch, collect_results, dispatch_args
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.distributed.scheduler.resource_manager import ResourceManager
+
+logger = logging.getLogger(__name__)
 
 
 class ClusterFuture:
@@ -63,8 +66,8 @@ class Cluster:
         self.world_size = worker_config.world_size or 1
         self.workers: list[ray.actor.ActorHandle] = []
         self._rank_infos: list[RankInfo] | None = None
+        self._bind_registered_methods()  # a naming error must come before any actor starts
         self._start_workers(resource_manager)
-        self._bind_registered_methods()
 
     def _start_workers(self, resource_manager: ResourceManager | None) -> None:
         config = self.worker_config
@@ -114,8 +117,14 @@ class Cluster:
     def _bind_registered_methods(self) -> None:
         for name, member in inspect.getmembers(self.worker_cls, inspect.isfunction):
             mode = getattr(member, DISPATCH_ATTR, None)
-            if mode is not None:
-                setattr(self, name, functools.partial(self.call, name, mode))
+            if mode is None:
+                continue
+            if hasattr(Cluster, name) or name in vars(self):
+                # e.g. a registered `shutdown` would replace Cluster.shutdown and the actors would never stop.
+                raise TypeError(
+                    f"{self.worker_cls.__name__}.{name} is registered but Cluster has its own {name!r}; rename it"
+                )
+            setattr(self, name, functools.partial(self.call, name, mode))
 
     @property
     def rank_infos(self) -> list[RankInfo]:
@@ -137,8 +146,13 @@ class Cluster:
         future = ClusterFuture(refs, functools.partial(collect_results, mode, ranks, called))
         return future.get() if blocking else future
 
-    def shutdown(self) -> None:
-        """Kill every actor of the role."""
+    def shutdown(self, close_timeout_s: float = 60) -> None:
+        """Let every actor release what it started (`Worker.close`: engines, child processes), then kill it."""
+        closing = [worker.close.remote() for worker in self.workers]
+        try:
+            ray.get(closing, timeout=close_timeout_s)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:  # killed below all the same
+            logger.warning("%s: closing its workers failed (%s); killing them", self.name, exc)
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers.clear()

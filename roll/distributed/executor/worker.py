@@ -52,6 +52,9 @@ class Worker:
         os.environ["MASTER_ADDR"] = address
         os.environ["MASTER_PORT"] = str(port)
 
+    def close(self) -> None:
+        """Release what this worker started (engines, child processes); Cluster.shutdown calls it before the kill."""
+
     @register(Dispatch.ONE_TO_ALL)
     def pop_compute_seconds(self) -> float:
         """Seconds spent in registered methods since the last call (this call's own time excluded)."""

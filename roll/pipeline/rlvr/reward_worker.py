@@ -73,7 +73,8 @@ class RewardWorker(Worker):
             self.logger.warning("reward_fn failed on response %r: %r", sample[1][:80], error)
         return scores, failed
 
-    @register(Dispatch.ONE_TO_ALL)
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """Stop the scoring process."""
-        self._pool.terminate()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.terminate()
