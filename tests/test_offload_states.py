@@ -13,7 +13,9 @@ import gc
 import os
 import queue
 import socket
+import time
 import traceback
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -214,7 +216,11 @@ def _live_tensors() -> list[torch.Tensor]:
 
 
 class _Snapshot:
-    """Copies of the tensors created since `before`, and a handle on each of their storages."""
+    """Copies of the tensors created since `before`, and a handle on each of their storages.
+
+    The tensors themselves are held weakly: the scan also finds garbage still in flight, e.g. the output of a finished
+    all-gather that gloo's worker thread has not let go of yet, and a strong reference here would keep it alive.
+    """
 
     def __init__(self, engine: Any, before: list[torch.Tensor]) -> None:
         from roll.third_party.deepspeed.state_fields import collect_storage_groups
@@ -231,24 +237,37 @@ class _Snapshot:
             for tensor in group.tensors
         }
         tensors = [tensor for tensor in _live_tensors() if id(tensor) not in known]
-        self.copies = [(tensor, tensor.detach().clone()) for tensor in tensors if id(tensor) not in scratch]
+        self.copies = [
+            (weakref.ref(tensor), tensor.detach().clone()) for tensor in tensors if id(tensor) not in scratch
+        ]
         handles: dict[int, torch.UntypedStorage] = {}
         for tensor in tensors:
             handles.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage())
         self.storages = list(handles.values())
 
-    def still_held(self) -> list[int]:
-        """Sizes of the original storages that something besides this snapshot still references."""
+    def still_held(self, patience: float = 5.0) -> list[int]:
+        """Sizes of the original storages that something besides this snapshot still references.
+
+        References that go away within `patience` seconds do not count: garbage cycles, and gloo's worker thread,
+        which drops a finished collective (and with it the output tensor) only after `wait()` has returned.
+        """
         from roll.third_party.deepspeed.storage_mover import storage_use_count
 
         held = [s for s in self.storages if s.nbytes() > SCALAR_BYTES and storage_use_count(s) > 1]
         if held:  # perhaps only garbage cycles: collect and look again
             gc.collect()
-        return [s.nbytes() for s in held if storage_use_count(s) > 1]
+        deadline = time.monotonic() + patience
+        while (held := [s for s in held if storage_use_count(s) > 1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [s.nbytes() for s in held]
 
     def mismatched(self) -> list[tuple[int, ...]]:
         """Shapes of the tensors whose bytes differ from their copies."""
-        return [tuple(t.shape) for t, copy in self.copies if not _same_bytes(t.detach(), copy)]
+        return [
+            tuple(copy.shape)
+            for ref, copy in self.copies
+            if (tensor := ref()) is not None and not _same_bytes(tensor.detach(), copy)
+        ]
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
