@@ -129,7 +129,7 @@ class StrategyWorker(Worker):
         """
         backend = self.platform.dist_backend
         if ranks == (BROADCAST_SOURCE,):
-            device = torch.device("cpu" if backend == "gloo" else self.platform.device_name(self.local_rank))
+            device = self.platform.device_name(self.local_rank)
             group = BroadcastGroup(address, port, BROADCAST_SOURCE, world_size, backend, device)
             self.broadcast_sources[target] = (group, SyncHeaders(group.store), receivers)
             return

@@ -175,6 +175,10 @@ class EngineStrategy(InferenceStrategy):
     def _begin_sync(self) -> None:
         """Open a weight-sync session in the engine."""
 
+    def _in_engine_dtype(self, named_tensors: NamedTensors) -> NamedTensors:
+        """Floating-point tensors cast to the engine's dtype (`self.dtype`), the rest as they are."""
+        return [(name, t.to(self.dtype) if t.is_floating_point() else t) for name, t in named_tensors]
+
     @abstractmethod
     def _deliver(self, named_tensors: NamedTensors) -> None:
         """Hand checked tensors to the engine's loader."""

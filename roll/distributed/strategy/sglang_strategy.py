@@ -152,7 +152,7 @@ class SglangStrategy(EngineStrategy):
         self._expect_success(self.engine.begin_weight_update(), "begin_weight_update")
 
     def _deliver(self, named_tensors: NamedTensors) -> None:
-        bucket = [(name, t.to(self.dtype) if t.is_floating_point() else t) for name, t in named_tensors]
+        bucket = self._in_engine_dtype(named_tensors)
         result = self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
         self._expect_success(result, "update_weights_from_tensor")
 

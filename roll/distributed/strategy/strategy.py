@@ -80,10 +80,8 @@ class InferenceStrategy(ABC):
         self, master_addr: str, master_port: int, ranks: tuple[int, ...], world_size: int, backend: str
     ) -> None:
         """Join the weight-broadcast group with `ranks` (one per shard); by default this process takes `ranks[0]`."""
-        device = torch.device("cpu") if backend == "gloo" else self.worker.platform.device_name(self.worker.local_rank)
-        self.weight_group = BroadcastGroup(
-            master_addr, master_port, ranks[0], world_size, backend, torch.device(device)
-        )
+        device = self.worker.platform.device_name(self.worker.local_rank)
+        self.weight_group = BroadcastGroup(master_addr, master_port, ranks[0], world_size, backend, device)
 
     def receive_weight_bucket(self, specs: list[TensorSpec]) -> int:
         """Receive the announced bucket over the weight-broadcast group and load it; return its bytes."""

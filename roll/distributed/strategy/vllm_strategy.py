@@ -188,7 +188,7 @@ class VllmStrategy(EngineStrategy):
         self.llm.collective_rpc("roll_begin_weight_sync")
 
     def _deliver(self, named_tensors: NamedTensors) -> None:
-        bucket = [(name, t.to(self.dtype) if t.is_floating_point() else t) for name, t in named_tensors]
+        bucket = self._in_engine_dtype(named_tensors)
         if self.in_process:
             self.llm.collective_rpc("roll_load_weights", args=(bucket,))
             return

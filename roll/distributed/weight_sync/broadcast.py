@@ -119,7 +119,10 @@ class SyncHeaders:
 
 
 class BroadcastGroup:
-    """This process's membership in the weight-broadcast group: rank 0 sends tensors, the others receive."""
+    """This process's membership in the weight-broadcast group: rank 0 sends tensors, the others receive.
+
+    `device` is the member's own device; gloo moves host tensors, so with gloo tensors stay on the CPU.
+    """
 
     def __init__(
         self,
@@ -128,11 +131,11 @@ class BroadcastGroup:
         rank: int,
         world_size: int,
         backend: str,
-        device: torch.device,
+        device: torch.device | str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.rank = rank
-        self.device = device
+        self.device = torch.device("cpu" if backend == "gloo" else device)
         self.store = open_store(master_addr, master_port, rank == 0, timeout_s)
         self.group = new_process_group(self.store, rank, world_size, backend, timeout_s)
 

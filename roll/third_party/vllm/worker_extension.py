@@ -62,8 +62,8 @@ class WeightSyncExtension:
         self, master_addr: str, master_port: int, ranks: tuple[int, ...], world_size: int, backend: str
     ) -> None:
         """Join the weight-broadcast group as `ranks[self.rank]`, receiving on this worker's device."""
-        device = torch.device("cpu") if backend == "gloo" else self.device
-        self.roll_weight_group = BroadcastGroup(master_addr, master_port, ranks[self.rank], world_size, backend, device)
+        rank = ranks[self.rank]
+        self.roll_weight_group = BroadcastGroup(master_addr, master_port, rank, world_size, backend, self.device)
 
     def roll_receive_bucket(self, specs: list[list]) -> None:
         """Receive the announced bucket (specs as JSON lists) over the group and load it into the open sync."""
