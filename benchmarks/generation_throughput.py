@@ -65,7 +65,7 @@ def run_case(engine: str, model_dir: str, args: argparse.Namespace) -> dict:
     from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
     from roll.distributed.executor.worker import Worker
     from roll.distributed.scheduler.protocol import DataProto
-    from roll.distributed.strategy.factory import create_strategy
+    from roll.distributed.strategy.registry import strategy_class
     from roll.models.model_providers import load_model, load_tokenizer
     from roll.utils.functionals import response_mask_from_ids
 
@@ -78,7 +78,7 @@ def run_case(engine: str, model_dir: str, args: argparse.Namespace) -> dict:
         strategy_args=StrategyArguments(strategy_name, deepspeed_zero3_block() if block is None else block),
     )
     config.resolve("actor_infer", 0)
-    strategy = create_strategy(strategy_name, Worker(config))
+    strategy = strategy_class(strategy_name)(Worker(config))
     started = time.perf_counter()
     strategy.initialize(lambda: load_model(config.model_args))
     startup = time.perf_counter() - started

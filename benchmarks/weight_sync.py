@@ -82,10 +82,10 @@ def main() -> None:
     import ray
 
     from roll.distributed.executor.cluster import Cluster
+    from roll.distributed.executor.weight_syncer import WeightSyncer
     from roll.distributed.scheduler.initialize import init_ray
     from roll.distributed.scheduler.resource_manager import ResourceManager
     from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
-    from roll.distributed.weight_sync.syncer import WeightSyncer, get_all
     from roll.platforms import get_platform
 
     model_dir = str(make_tiny_model(Path(tempfile.gettempdir()) / f"roll-bench-{args.model}", MODELS[args.model]))
@@ -96,6 +96,7 @@ def main() -> None:
     for future in [c.initialize(blocking=False) for c in [train, *infer.values()]]:
         future.get()
     bucket_bytes = args.bucket_mb * 2**20
+    n = train.world_size
 
     def best_of(call: object) -> float:
         best = float("inf")
@@ -105,9 +106,7 @@ def main() -> None:
             best = min(best, time.perf_counter() - started)
         return best
 
-    seconds = {
-        "source only": best_of(lambda: get_all([w.send_weights.remote(bucket_bytes, [], None) for w in train.workers]))
-    }
+    seconds = {"source only": best_of(lambda: train.send_weights([bucket_bytes] * n, [[]] * n, [None] * n))}
     nbytes = 0
     for name, cluster in infer.items():
         plan = plan_weight_sync(devices_per_worker(train.worker_config.devices, 1), [cluster.worker_config.devices])

@@ -44,7 +44,7 @@ from roll.configs.worker_config import (  # noqa: E402
 )
 from roll.distributed.executor.worker import Worker  # noqa: E402
 from roll.distributed.scheduler.decorator import Dispatch, register  # noqa: E402
-from roll.distributed.strategy.factory import create_strategy  # noqa: E402
+from roll.distributed.strategy.registry import strategy_class  # noqa: E402
 from roll.models.model_providers import load_model  # noqa: E402
 
 WORKER = "benchmarks.zero_memory.MemoryWorker"
@@ -207,7 +207,7 @@ class MemoryWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def initialize(self) -> None:
         self.rss = {"before_model": current_rss()}
-        self.strategy = create_strategy("deepspeed_train", self)
+        self.strategy = strategy_class("deepspeed_train")(self)
         self.strategy.initialize(lambda: load_model(self.worker_config.model_args, trainable=True))
         self.rss["after_init"] = current_rss()
         self.rss["peak_by_init"] = peak_rss()

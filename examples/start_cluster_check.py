@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 from roll.configs.hydra_defaults import register_schema_defaults
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
-from roll.utils.entry import run_pipeline
+from roll.pipeline.entry import run_pipeline
 
 register_schema_defaults("cluster_check", ClusterCheckConfig)
 

@@ -4,9 +4,9 @@ import hydra
 from omegaconf import DictConfig
 
 from roll.configs.hydra_defaults import register_schema_defaults
+from roll.pipeline.entry import run_pipeline
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-from roll.utils.entry import run_pipeline
 
 register_schema_defaults("rlvr", RLVRConfig)
 

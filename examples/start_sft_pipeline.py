@@ -4,9 +4,9 @@ import hydra
 from omegaconf import DictConfig
 
 from roll.configs.hydra_defaults import register_schema_defaults
+from roll.pipeline.entry import run_pipeline
 from roll.pipeline.sft.sft_config import SFTConfig
 from roll.pipeline.sft.sft_pipeline import SFTPipeline
-from roll.utils.entry import run_pipeline
 
 register_schema_defaults("sft", SFTConfig)
 

@@ -1,7 +1,8 @@
 """roll: Ray-orchestrated reinforcement learning for post-training language models.
 
 Importing roll is light: backends (DeepSpeed, vLLM, SGLang) are imported only by the worker that
-uses them, through `roll.distributed.strategy.factory`.
+uses them; backend modules register themselves and load their engine on first use
+(`roll.distributed.strategy.registry`).
 """
 
 __version__ = "0.1.0"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.executor.strategy_worker import StrategyWorker as PipelineStrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.base_worker import StrategyWorker as PipelineStrategyWorker
 from roll.utils.functionals import masked_mean, next_token_log_probs
 
 

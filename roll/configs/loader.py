@@ -5,15 +5,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from roll.configs.base_config import PipelineConfig
 from roll.configs.schema import ConfigError, from_dict
 
-P = TypeVar("P", bound=PipelineConfig)
+
+class Validated(Protocol):
+    """A config dataclass that checks itself (a pipeline config)."""
+
+    def validate(self) -> None: ...
+
+
+P = TypeVar("P", bound=Validated)
 _INTERPOLATION_ROOT = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll.configs.device_mapping import parse_device_mapping
-from roll.configs.schema import ConfigError, closest_spelling
+from roll.configs.schema import ConfigError
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 
@@ -97,7 +97,10 @@ class WorkerConfig:
     devices: list[int] = field(default_factory=list, init=False)
 
     def resolve(self, name: str, total_devices: int) -> None:
-        """Name the role, parse its devices and check them against the cluster; raise ConfigError."""
+        """Name the role, parse its devices and check them against the cluster; raise ConfigError.
+
+        The strategy block is the backend's to check (`PipelineConfig.validate` asks the registry).
+        """
         self.name = name
         if not self.worker_cls:
             raise ConfigError(f"{name}.worker_cls is empty: set it to the dotted path of a Worker class")
@@ -107,7 +110,6 @@ class WorkerConfig:
             self._resolve_world_size_only(name)
         else:
             self._resolve_devices(name, total_devices)
-        self._check_strategy(name)
 
     def _resolve_world_size_only(self, name: str) -> None:
         if self.world_size is None or self.world_size < 1:
@@ -136,19 +138,6 @@ class WorkerConfig:
             )
         self.devices = devices
         self.world_size = implied
-
-    def _check_strategy(self, name: str) -> None:
-        from roll.distributed.strategy.factory import STRATEGIES, check_strategy_config
-
-        if self.strategy_args is None:
-            return
-        strategy_name = self.strategy_args.strategy_name
-        if strategy_name not in STRATEGIES:
-            raise ConfigError(
-                f"{name}.strategy_args.strategy_name={strategy_name!r} is unknown"
-                f"{closest_spelling(strategy_name, STRATEGIES)}; valid names: {', '.join(STRATEGIES)}"
-            )
-        check_strategy_config(self)
 
     @property
     def dp_size(self) -> int:

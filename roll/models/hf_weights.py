@@ -15,7 +15,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from roll.configs.schema import closest_spelling
-from roll.distributed.weight_sync.buckets import iter_groups
+from roll.utils.grouping import iter_groups
 
 # gather(params) must make the full values of `params` readable inside the context (ZeRO-3
 # partitions them).

@@ -6,11 +6,11 @@ import math
 import os
 from abc import ABC, abstractmethod
 
-from roll.configs.base_config import PipelineConfig
 from roll.configs.schema import ConfigError
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.initialize import init_ray
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.pipeline.base_config import PipelineConfig
 from roll.platforms import PLATFORM_ENV, get_platform
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import DISPATCH_ATTR, Dispatch, collect_results, dispatch_args
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.utils.imports import import_object
 
 logger = logging.getLogger(__name__)
 
@@ -32,15 +32,21 @@ class ClusterFuture:
         return self._collect(ray.get(self.refs, timeout=timeout))
 
 
+def get_all(*futures: ClusterFuture) -> list[Any]:
+    """The results of calls that run together, raising the first failure as soon as it happens.
+
+    Waiting on the futures one by one would hang on a call whose partner in another cluster failed.
+    """
+    pending = [ref for future in futures for ref in future.refs]
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return [future.get() for future in futures]
+
+
 def resolve_worker_cls(worker_cls: type[Worker] | str) -> type[Worker]:
     """The Worker class itself, or the one a dotted path `package.module.Class` names."""
-    if isinstance(worker_cls, type):
-        return worker_cls
-    module_name, _, class_name = worker_cls.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"worker_cls {worker_cls!r} cannot be imported: {exc}") from exc
+    cls = worker_cls if isinstance(worker_cls, type) else import_object(worker_cls, "worker_cls")
     if not (isinstance(cls, type) and issubclass(cls, Worker)):
         raise ValueError(f"worker_cls {worker_cls!r} is not a subclass of roll Worker")
     return cls
@@ -111,8 +117,8 @@ class Cluster:
             self.workers.append(actor)
             if rank == 0:
                 # Rank 0 hosts the rendezvous: its address and a free port become every rank's master.
-                master_addr, master_port = ray.get(actor.node_address_and_free_port.remote())
-                ray.get(actor.set_master.remote(master_addr, master_port))
+                master_addr, master_port = self.node_address_and_free_port()
+                self.set_master(master_addr, master_port)
 
     def _bind_registered_methods(self) -> None:
         for name, member in inspect.getmembers(self.worker_cls, inspect.isfunction):

@@ -37,8 +37,8 @@ class Worker:
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         self.logger = logging.getLogger(f"roll.{worker_config.name}.rank{self.rank}")
 
-    @staticmethod
-    def node_address_and_free_port() -> tuple[str, int]:
+    @register(Dispatch.RANK0)
+    def node_address_and_free_port(self) -> tuple[str, int]:
         """This node's IP address and a TCP port free at the moment of asking (for MASTER_ADDR/PORT)."""
         import ray
 
@@ -47,6 +47,7 @@ class Worker:
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
+    @register(Dispatch.RANK0)
     def set_master(self, address: str, port: int) -> None:
         """Record the rendezvous address; rank 0 learns it only after it has started."""
         os.environ["MASTER_ADDR"] = address

@@ -51,27 +51,34 @@ def register(dispatch_mode: Dispatch = Dispatch.ONE_TO_ALL) -> Callable[[F], F]:
     return mark
 
 
-def dispatch_args(mode: Dispatch, ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
-    """Per-rank `(rank, args, kwargs)` for one cluster call; ranks not listed are not called."""
-    if mode is Dispatch.RANK0:
-        return [(0, args, kwargs)]
-    if mode is Dispatch.ONE_TO_ALL:
-        return [(r.rank, args, kwargs) for r in ranks]
-    if mode is Dispatch.ALL_TO_ALL:
-        world = len(ranks)
-        for value in (*args, *kwargs.values()):
-            if not isinstance(value, list | tuple) or len(value) != world:
-                raise ValueError(f"ALL_TO_ALL needs every argument as a list of {world} per-rank values")
-        return [(r.rank, tuple(a[r.rank] for a in args), {k: v[r.rank] for k, v in kwargs.items()}) for r in ranks]
+# How one call fans out: (rank layout, args, kwargs) -> the (rank, args, kwargs) of each rank called.
+DispatchFn = Callable[[list[RankInfo], tuple, dict], list[tuple[int, tuple, dict]]]
+# How the results come back: (rank layout, ranks called, their results in that order) -> the result.
+CollectFn = Callable[[list[RankInfo], list[int], list[Any]], Any]
+
+
+def _to_rank0(ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
+    return [(0, args, kwargs)]
+
+
+def _to_all(ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
+    return [(r.rank, args, kwargs) for r in ranks]
+
+
+def _one_per_rank(ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
+    world = len(ranks)
+    for value in (*args, *kwargs.values()):
+        if not isinstance(value, list | tuple) or len(value) != world:
+            raise ValueError(f"ALL_TO_ALL needs every argument as a list of {world} per-rank values")
+    return [(r.rank, tuple(a[r.rank] for a in args), {k: v[r.rank] for k, v in kwargs.items()}) for r in ranks]
+
+
+def _split_by_dp(ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
     dp_size = ranks[0].dp_size
     split_args = [_split_for_dp(a, dp_size) for a in args]
     split_kwargs = {k: _split_for_dp(v, dp_size) for k, v in kwargs.items()}
     return [
-        (
-            r.rank,
-            tuple(a[r.dp_rank] for a in split_args),
-            {k: v[r.dp_rank] for k, v in split_kwargs.items()},
-        )
+        (r.rank, tuple(a[r.dp_rank] for a in split_args), {k: v[r.dp_rank] for k, v in split_kwargs.items()})
         for r in ranks
     ]
 
@@ -87,15 +94,36 @@ def _split_for_dp(value: Any, dp_size: int) -> list[Any]:
     return value.chunk(dp_size)
 
 
-def collect_results(mode: Dispatch, ranks: list[RankInfo], called: list[int], results: list[Any]) -> Any:
-    """Combine the results of the ranks in `called` (same order) the way `mode` promises."""
-    if mode is Dispatch.RANK0:
-        return results[0]
-    if mode is not Dispatch.DP_COMPUTE:
-        return results
+def _first(ranks: list[RankInfo], called: list[int], results: list[Any]) -> Any:
+    return results[0]
+
+
+def _every(ranks: list[RankInfo], called: list[int], results: list[Any]) -> list[Any]:
+    return results
+
+
+def _dp_leads_concatenated(ranks: list[RankInfo], called: list[int], results: list[Any]) -> Any:
     by_rank = dict(zip(called, results, strict=True))
     leads = sorted((r for r in ranks if r.is_dp_lead), key=lambda r: r.dp_rank)
     outputs = [by_rank[r.rank] for r in leads]
     if outputs and all(isinstance(o, DataProto) for o in outputs):
         return DataProto.concat(outputs)
     return outputs
+
+
+DISPATCH_TABLE: dict[Dispatch, tuple[DispatchFn, CollectFn]] = {
+    Dispatch.ONE_TO_ALL: (_to_all, _every),
+    Dispatch.DP_COMPUTE: (_split_by_dp, _dp_leads_concatenated),
+    Dispatch.RANK0: (_to_rank0, _first),
+    Dispatch.ALL_TO_ALL: (_one_per_rank, _every),
+}
+
+
+def dispatch_args(mode: Dispatch, ranks: list[RankInfo], args: tuple, kwargs: dict) -> list[tuple[int, tuple, dict]]:
+    """Per-rank `(rank, args, kwargs)` for one cluster call; ranks not listed are not called."""
+    return DISPATCH_TABLE[mode][0](ranks, args, kwargs)
+
+
+def collect_results(mode: Dispatch, ranks: list[RankInfo], called: list[int], results: list[Any]) -> Any:
+    """Combine the results of the ranks in `called` (same order) the way `mode` promises."""
+    return DISPATCH_TABLE[mode][1](ranks, called, results)

@@ -1,4 +1,8 @@
-"""deepspeed_train and deepspeed_infer: a model owned by a DeepSpeed engine, ZeRO stage 0 to 3."""
+"""deepspeed_train and deepspeed_infer: a model owned by a DeepSpeed engine, ZeRO stage 0 to 3.
+
+DeepSpeed is imported inside the methods that use it, so the strategy registry can look this backend
+up (and check its config) without loading DeepSpeed.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +11,28 @@ import os
 import random
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import deepspeed
 import numpy as np
 import torch
-from peft import PeftModel
-from transformers.integrations import HfDeepSpeedConfig
 
-from roll.configs.worker_config import GeneratingArguments, TrainingArguments
+from roll.configs.worker_config import GeneratingArguments, TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.deepspeed_config import offloads_optimizer, resolve_deepspeed_config, zero_stage
+from roll.distributed.strategy.deepspeed_config import (
+    check_infer_config,
+    check_train_config,
+    offloads_optimizer,
+    resolve_deepspeed_config,
+    zero_stage,
+)
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches, model_inputs
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
-from roll.third_party.deepspeed.offload_states_patch import patch_engine
-from roll.utils.lr_schedule import lr_lambda
+
+if TYPE_CHECKING:
+    import deepspeed
 
 
 def seed_everything(seed: int) -> None:
@@ -39,8 +48,18 @@ class DeepSpeedInferStrategy(InferenceStrategy):
     strategy_name = "deepspeed_infer"
     training = False
 
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """The role's ZeRO block is valid for inference (stage 3 or none)."""
+        check_infer_config(worker_config)
+
     def initialize(self, model_provider: ModelProvider) -> None:
         """Join the process group, build the model under ZeRO (partitioned at stage 3), wrap it."""
+        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
+
+        from roll.third_party.deepspeed.offload_states_patch import patch_engine
+
         deepspeed.init_distributed(dist_backend=self.worker.platform.dist_backend, dist_init_required=True)
         self.worker.platform.set_device(self.worker.local_rank)
         self.device = torch.device(self.worker.platform.device_name(self.worker.local_rank))
@@ -59,6 +78,8 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         }
 
     def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
+        import deepspeed
+
         engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
         engine.eval()
         return engine
@@ -106,6 +127,8 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         gathered, overwritten with the full tensor and partitioned again.
         """
         self.check_weights([spec_of(name, tensor) for name, tensor in named_tensors])
+        import deepspeed
+
         params = dict(self.unwrapped_model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
             param = params[name]
@@ -119,6 +142,8 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         At stage 3 parameters are gathered a group at a time and copied; below it the tensors are
         the parameters themselves, valid until the next optimizer step.
         """
+        import deepspeed
+
         gather = deepspeed.zero.GatheredParameters if self.zero_stage == 3 else None
         yield from hf_named_weights(self.unwrapped_model, gather)
 
@@ -136,7 +161,16 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
     strategy_name = "deepspeed_train"
     training = True
 
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """The role's ZeRO block and training arguments fit together."""
+        check_train_config(worker_config)
+
     def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
+        import deepspeed
+
+        from roll.distributed.strategy.lr_schedule import lr_lambda
+
         args = self.worker_config.training_args
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -239,6 +273,8 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         if self.worker.rank == 0:
             os.makedirs(output_dir, exist_ok=True)
             model = self.unwrapped_model
+            from peft import PeftModel
+
             plain = model.get_base_model() if isinstance(model, PeftModel) else model
             plain.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         torch.distributed.barrier()

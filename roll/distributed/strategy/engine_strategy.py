@@ -1,4 +1,5 @@
-"""What the generation engines (vLLM, SGLang) share: batch conversion, serving checks, weight-sync sessions.
+"""What the generation engines (vLLM, SGLang) share: config parsing, batch conversion, serving checks,
+weight-sync sessions, sleep and wake.
 
 `generate` returns hf_infer's layout exactly: each left-padded prompt row repeated
 `num_return_sequences` times (prompt-major), followed by its generated ids right-padded with the
@@ -9,11 +10,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 from transformers import AutoConfig, GenerationConfig
 
-from roll.configs.worker_config import GeneratingArguments
+from roll.configs.schema import ConfigError, from_dict
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, spec_of
@@ -23,6 +27,22 @@ from roll.platforms import Platform
 ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # model_args.dtype -> engine dtype
 # Per-sample token ids, and their log-probs when asked for.
 Samples = tuple[list[list[int]], list[list[float]] | None]
+
+
+@dataclass
+class EngineConfig:
+    """The `strategy_config` keys every generation engine takes.
+
+    `sleep_level` 1 keeps a host copy of the weights while the engine sleeps (offload_states), 2
+    drops them, so a full weight sync must follow `load_states`. `engine_kwargs` go to the engine's
+    constructor as they are, except the arguments roll derives itself.
+    """
+
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    enable_sleep_mode: bool = True
+    sleep_level: Literal[1, 2] = 1
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def generation_pad_token_id(model_path: str) -> int:
@@ -80,14 +100,52 @@ class EngineStrategy(InferenceStrategy):
     """
 
     engine_name = ""
+    config_cls: ClassVar[type[EngineConfig]] = EngineConfig
+    # Constructor arguments roll derives from the role's config; engine_kwargs may not set them a second way.
+    reserved_engine_kwargs: ClassVar[frozenset[str]] = frozenset()
 
-    def _init_engine_state(self, model_path: str) -> None:
-        """The bookkeeping every engine keeps; subclasses call it once their engine is up."""
+    @classmethod
+    def parse_config(cls, worker_config: WorkerConfig) -> Any:
+        """The role's `strategy_config` as `config_cls`; a ConfigError names a wrong key or value."""
+        where = f"{worker_config.name}.strategy_args.strategy_config"
+        config = from_dict(cls.config_cls, dict(worker_config.strategy_args.strategy_config), where)
+        if config.tensor_parallel_size > worker_config.num_devices_per_worker:
+            raise ConfigError(
+                f"{where}.tensor_parallel_size={config.tensor_parallel_size} needs that many devices per worker: "
+                f"set {worker_config.name}.num_devices_per_worker={config.tensor_parallel_size}"
+            )
+        reserved = sorted(cls.reserved_engine_kwargs & config.engine_kwargs.keys())
+        if reserved:
+            raise ConfigError(
+                f"{where}.engine_kwargs sets {reserved}, which roll derives from model_args and strategy_config; "
+                "set them there instead"
+            )
+        cls._check_engine_config(config, where)
+        return config
+
+    @classmethod
+    def _check_engine_config(cls, config: Any, where: str) -> None:
+        """The engine's own value ranges (raise ConfigError naming `where`.key)."""
+
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """Config-time check of the role's engine block (imports no engine)."""
+        cls.parse_config(worker_config)
+
+    def _init_engine_state(self, model_path: str, can_sleep: bool, sleep_drops_weights: bool) -> None:
+        """The bookkeeping every engine keeps; subclasses call it once their engine is up.
+
+        `can_sleep`: offload_states puts the engine to sleep; `sleep_drops_weights`: waking it needs a
+        full weight sync before it generates again.
+        """
         self.weight_shapes, self.sync_weights = hf_weight_shapes(model_path)
+        self.weight_sync_shards = self.config.tensor_parallel_size
         self.pad_token_id = generation_pad_token_id(model_path)
         self.missing_weights: set[str] = set()  # weights the engine still lacks; generation waits for them
         self.sync_open = False
         self.asleep = False
+        self.can_sleep = can_sleep
+        self.sleep_drops_weights = sleep_drops_weights
 
     def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
         """Not supported: the engine exposes no logits for given sequences."""
@@ -190,3 +248,33 @@ class EngineStrategy(InferenceStrategy):
     @abstractmethod
     def _finish_sync(self) -> None:
         """Close the session: the engine serves the new weights (caches of the old ones dropped)."""
+
+    # ---- sleep and wake ---------------------------------------------------------------------
+
+    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Put the engine to sleep (KV cache and weights released); return the device bytes freed."""
+        if self.asleep or not self.can_sleep:
+            return {}
+        before = memory_in_use(self.worker.platform)
+        self._sleep()
+        self.asleep = True
+        return {"engine": float(max(before - memory_in_use(self.worker.platform), 0))}
+
+    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Wake the engine; when its sleep dropped the weights, generation waits for a full weight sync."""
+        if not self.asleep:
+            return {}
+        before = memory_in_use(self.worker.platform)
+        self._wake()
+        self.asleep = False
+        if self.sleep_drops_weights:
+            self.missing_weights = set(self.sync_weights)
+        return {"engine": float(max(memory_in_use(self.worker.platform) - before, 0))}
+
+    @abstractmethod
+    def _sleep(self) -> None:
+        """Release the engine's device memory at the configured sleep level."""
+
+    @abstractmethod
+    def _wake(self) -> None:
+        """Take the released device memory back."""

@@ -11,72 +11,29 @@ is one SGLang weight-update session (`begin_weight_update` ... `end_weight_updat
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from roll.configs.schema import ConfigError, from_dict
-from roll.configs.worker_config import GeneratingArguments, WorkerConfig
-from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineStrategy, Samples, memory_in_use
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineConfig, EngineStrategy, Samples
 from roll.distributed.strategy.strategy import ModelProvider
 from roll.distributed.weight_sync.broadcast import GROUP_NAME
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
 from roll.models.tiny import resolve_model_path
 
-# Engine arguments roll derives from the role's config; engine_kwargs may not set them a second way.
-_RESERVED_ENGINE_KWARGS = {
-    "model_path",
-    "dtype",
-    "random_seed",
-    "tp_size",
-    "mem_fraction_static",
-    "context_length",
-    "enable_memory_saver",
-    "enable_weights_cpu_backup",
-}
-
 
 @dataclass
-class SglangConfig:
-    """`strategy_config` of an sglang role.
+class SglangConfig(EngineConfig):
+    """`strategy_config` of an sglang role (the shared engine keys, and `mem_fraction_static`).
 
     `mem_fraction_static` of each GPU holds weights and KV cache. With `enable_sleep_mode`,
-    offload_states/load_states release and resume the engine's GPU memory; `sleep_level` 1 keeps a
-    host copy of the weights meanwhile, 2 drops them, so a full weight sync must follow
-    `load_states`. `engine_kwargs` go to `sglang.Engine` as they are.
+    offload_states/load_states release and resume the engine's GPU memory. `engine_kwargs` go to
+    `sglang.Engine`.
     """
 
-    tensor_parallel_size: int = 1
     mem_fraction_static: float = 0.6
-    max_model_len: int | None = None
-    enable_sleep_mode: bool = True
-    sleep_level: Literal[1, 2] = 1
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def parse_sglang_config(worker_config: WorkerConfig) -> SglangConfig:
-    """The role's `strategy_config` as an SglangConfig; a ConfigError names a wrong key or value."""
-    where = f"{worker_config.name}.strategy_args.strategy_config"
-    config = from_dict(SglangConfig, dict(worker_config.strategy_args.strategy_config), where)
-    if config.tensor_parallel_size > worker_config.num_devices_per_worker:
-        raise ConfigError(
-            f"{where}.tensor_parallel_size={config.tensor_parallel_size} needs that many devices per worker: "
-            f"set {worker_config.name}.num_devices_per_worker={config.tensor_parallel_size}"
-        )
-    if not 0 < config.mem_fraction_static < 1:
-        raise ConfigError(f"{where}.mem_fraction_static={config.mem_fraction_static} must be in (0, 1)")
-    reserved = sorted(_RESERVED_ENGINE_KWARGS & config.engine_kwargs.keys())
-    if reserved:
-        raise ConfigError(
-            f"{where}.engine_kwargs sets {reserved}, which roll derives from model_args and strategy_config; "
-            "set them there instead"
-        )
-    return config
-
-
-def check_sglang_config(worker_config: WorkerConfig) -> None:
-    """Config-time check of an sglang role (for the factory's CONFIG_CHECKS; imports no SGLang)."""
-    parse_sglang_config(worker_config)
 
 
 def sampling_params(args: GeneratingArguments) -> dict[str, Any]:
@@ -94,10 +51,28 @@ class SglangStrategy(EngineStrategy):
 
     strategy_name = "sglang"
     engine_name = "sglang"
+    config_cls = SglangConfig
+    reserved_engine_kwargs = frozenset(
+        {
+            "model_path",
+            "dtype",
+            "random_seed",
+            "tp_size",
+            "mem_fraction_static",
+            "context_length",
+            "enable_memory_saver",
+            "enable_weights_cpu_backup",
+        }
+    )
+
+    @classmethod
+    def _check_engine_config(cls, config: SglangConfig, where: str) -> None:
+        if not 0 < config.mem_fraction_static < 1:
+            raise ConfigError(f"{where}.mem_fraction_static={config.mem_fraction_static} must be in (0, 1)")
 
     def initialize(self, model_provider: ModelProvider) -> None:
         """Start the engine on `model_args.model_name_or_path`; SGLang loads it, so `model_provider` is not called."""
-        self.config = parse_sglang_config(self.worker_config)
+        self.config = self.parse_config(self.worker_config)
         model_args = self.worker_config.model_args
         path = resolve_model_path(model_args.model_name_or_path)  # tiny:// references included
         # Log-probs before temperature, like vLLM's raw_logprobs and hf forward passes (both spellings:
@@ -123,8 +98,9 @@ class SglangStrategy(EngineStrategy):
             **self.config.engine_kwargs,
         )
         self.dtype = dtype_from_name(model_args.dtype)
-        self.weight_sync_shards = self.config.tensor_parallel_size
-        self._init_engine_state(path)
+        self._init_engine_state(
+            path, can_sleep=self.config.enable_sleep_mode, sleep_drops_weights=self.config.sleep_level == 2
+        )
 
     def _sample(self, prompts: list[list[int]], args: GeneratingArguments, with_log_probs: bool) -> Samples:
         n = args.num_return_sequences
@@ -184,27 +160,13 @@ class SglangStrategy(EngineStrategy):
         )
         self._expect_success(result, "init_weights_update_group")
 
-    # ---- release and resume -----------------------------------------------------------------
+    # ---- sleep and wake: SGLang releases and resumes its GPU memory ----------------------------
 
-    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Release the engine's GPU memory (KV cache, CUDA graphs, weights); return the bytes freed."""
-        if self.asleep or not self.config.enable_sleep_mode:
-            return {}
-        before = memory_in_use(self.worker.platform)
+    def _sleep(self) -> None:
         self.engine.release_memory_occupation()
-        self.asleep = True
-        return {"engine": float(max(before - memory_in_use(self.worker.platform), 0))}
 
-    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Resume the engine's GPU memory; after a level-2 sleep generation waits for a full weight sync."""
-        if not self.asleep:
-            return {}
-        before = memory_in_use(self.worker.platform)
+    def _wake(self) -> None:
         self.engine.resume_memory_occupation()
-        self.asleep = False
-        if self.config.sleep_level == 2:
-            self.missing_weights = set(self.sync_weights)
-        return {"engine": float(max(memory_in_use(self.worker.platform) - before, 0))}
 
     def shutdown(self) -> None:
         """Stop the engine's processes and free its GPU memory."""

@@ -2,41 +2,75 @@
 
 A worker holds one strategy. Inference strategies run forward passes (log-probs, values, scores)
 and generation; train strategies add optimisation, checkpoints and a stream of full weights for
-syncing inference engines. Backends live one per file and are created by name through
-`roll.distributed.strategy.factory`.
+syncing inference engines. Backends live one per file; each registers itself under its
+`strategy_name` when its class is defined, and `roll.distributed.strategy.registry` finds it by name.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from roll.configs.worker_config import GeneratingArguments
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.distributed.weight_sync.broadcast import BroadcastGroup
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, tensor_bytes
 from roll.models.hf_weights import check_weight_shapes
-
-if TYPE_CHECKING:
-    from roll.distributed.executor.worker import Worker
+from roll.platforms import Platform
 
 # model(...) output -> (loss, per-sample or scalar metrics). For forward_step the loss is ignored
 # and each metric is a per-sample tensor; for train_step the loss is what is back-propagated.
 ForwardFunc = Callable[[DataProto, Any], tuple[torch.Tensor | None, dict[str, torch.Tensor]]]
 ModelProvider = Callable[[], torch.nn.Module]
+# Every backend class by its strategy_name, filled as backend modules are imported.
+REGISTERED_STRATEGIES: dict[str, type[InferenceStrategy]] = {}
+
+
+class StrategyHost(Protocol):
+    """What a strategy reads from the worker that holds it (its role's config, its rank, its devices)."""
+
+    worker_config: WorkerConfig
+    rank: int
+    world_size: int
+    local_rank: int
+    platform: Platform
+    rank_info: RankInfo
 
 
 class InferenceStrategy(ABC):
-    """A backend that computes with a model it owns: forward passes and generation."""
+    """A backend that computes with a model it owns: forward passes and generation.
 
-    strategy_name: str = ""
+    A concrete subclass with a `strategy_name` is registered under that name: the name a role's
+    `strategy_args.strategy_name` selects it by.
+    """
+
+    strategy_name: ClassVar[str] = ""
     # Ranks the backend takes in a weight-broadcast group: one per tensor-parallel shard of its engine.
     weight_sync_shards: int = 1
 
-    def __init__(self, worker: Worker) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("strategy_name")  # subclasses that do not name themselves are not backends
+        if name:
+            taken = REGISTERED_STRATEGIES.get(name)
+            if taken is not None and taken.__qualname__ != cls.__qualname__:
+                raise TypeError(f"strategy name {name!r} is taken by {taken.__qualname__}")
+            REGISTERED_STRATEGIES[name] = cls
+
+    @classmethod
+    def trains(cls) -> bool:
+        """Whether the backend optimises its model (its workers load it trainable)."""
+        return issubclass(cls, TrainStrategy)
+
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """Config-time check of the role's `strategy_config` (raise ConfigError naming the key); imports no engine."""
+
+    def __init__(self, worker: StrategyHost) -> None:
         self.worker = worker
         self.worker_config = worker.worker_config
         self.weight_shapes: dict[str, tuple[int, ...]] = {}  # full shape of every weight a sync may send

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from roll.configs.schema import ConfigError, from_dict
-from roll.configs.worker_config import GeneratingArguments, WorkerConfig
-from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineStrategy, Samples, memory_in_use
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineConfig, EngineStrategy, Samples
 from roll.distributed.strategy.strategy import ModelProvider
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
@@ -26,68 +26,23 @@ if TYPE_CHECKING:
     from vllm import SamplingParams
 
 WORKER_EXTENSION = "roll.third_party.vllm.worker_extension.WeightSyncExtension"
-# LLM arguments roll derives from the role's config; engine_kwargs may not set them a second way.
-_RESERVED_ENGINE_KWARGS = {
-    "model",
-    "dtype",
-    "seed",
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "enforce_eager",
-    "enable_sleep_mode",
-    "worker_extension_cls",
-}
 
 
 @dataclass
-class VllmConfig:
-    """`strategy_config` of a vllm role.
+class VllmConfig(EngineConfig):
+    """`strategy_config` of a vllm role (the shared engine keys, and these).
 
     On GPUs `gpu_memory_utilization` of each device holds weights and KV cache; on CPU the KV cache
     takes `kv_cache_space_gb` GiB of host memory (`VLLM_CPU_KVCACHE_SPACE`). `enforce_eager=None`
     means eager on CPU (torch.compile costs ~20 s of start-up for ~20 % more tokens/s on a tiny
-    model) and CUDA graphs on GPUs. `sleep_level` 1 keeps a host copy of the weights while asleep,
-    2 drops them, so a full weight sync must follow `load_states`. `engine_kwargs` go to `vllm.LLM`
-    as they are (e.g. `max_num_seqs`, `logprobs_mode`).
+    model) and CUDA graphs on GPUs. `multiprocessing` runs the engine core in a process of its own.
+    `engine_kwargs` go to `vllm.LLM` (e.g. `max_num_seqs`, `logprobs_mode`).
     """
 
-    tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.6
     kv_cache_space_gb: int = 1
-    max_model_len: int | None = None
     enforce_eager: bool | None = None
-    enable_sleep_mode: bool = True
-    sleep_level: Literal[1, 2] = 1
     multiprocessing: bool = False
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def parse_vllm_config(worker_config: WorkerConfig) -> VllmConfig:
-    """The role's `strategy_config` as a VllmConfig; a ConfigError names a wrong key or value."""
-    where = f"{worker_config.name}.strategy_args.strategy_config"
-    config = from_dict(VllmConfig, dict(worker_config.strategy_args.strategy_config), where)
-    if config.tensor_parallel_size > worker_config.num_devices_per_worker:
-        raise ConfigError(
-            f"{where}.tensor_parallel_size={config.tensor_parallel_size} needs that many devices per worker: "
-            f"set {worker_config.name}.num_devices_per_worker={config.tensor_parallel_size}"
-        )
-    if not 0 < config.gpu_memory_utilization <= 1:
-        raise ConfigError(f"{where}.gpu_memory_utilization={config.gpu_memory_utilization} must be in (0, 1]")
-    if config.kv_cache_space_gb < 1:
-        raise ConfigError(f"{where}.kv_cache_space_gb={config.kv_cache_space_gb} must be a whole number of GiB >= 1")
-    reserved = sorted(_RESERVED_ENGINE_KWARGS & config.engine_kwargs.keys())
-    if reserved:
-        raise ConfigError(
-            f"{where}.engine_kwargs sets {reserved}, which roll derives from model_args and strategy_config; "
-            "set them there instead"
-        )
-    return config
-
-
-def check_vllm_config(worker_config: WorkerConfig) -> None:
-    """Config-time check of a vllm role (for the factory's CONFIG_CHECKS; imports no vLLM)."""
-    parse_vllm_config(worker_config)
 
 
 class VllmStrategy(EngineStrategy):
@@ -95,10 +50,33 @@ class VllmStrategy(EngineStrategy):
 
     strategy_name = "vllm"
     engine_name = "vllm"
+    config_cls = VllmConfig
+    reserved_engine_kwargs = frozenset(
+        {
+            "model",
+            "dtype",
+            "seed",
+            "tensor_parallel_size",
+            "gpu_memory_utilization",
+            "max_model_len",
+            "enforce_eager",
+            "enable_sleep_mode",
+            "worker_extension_cls",
+        }
+    )
+
+    @classmethod
+    def _check_engine_config(cls, config: VllmConfig, where: str) -> None:
+        if not 0 < config.gpu_memory_utilization <= 1:
+            raise ConfigError(f"{where}.gpu_memory_utilization={config.gpu_memory_utilization} must be in (0, 1]")
+        if config.kv_cache_space_gb < 1:
+            raise ConfigError(
+                f"{where}.kv_cache_space_gb={config.kv_cache_space_gb} must be a whole number of GiB >= 1"
+            )
 
     def initialize(self, model_provider: ModelProvider) -> None:
         """Start the engine on `model_args.model_name_or_path`; vLLM loads it, so `model_provider` is not called."""
-        self.config = parse_vllm_config(self.worker_config)
+        self.config = self.parse_config(self.worker_config)
         model_args = self.worker_config.model_args
         path = resolve_model_path(model_args.model_name_or_path)  # tiny:// references included
         # vLLM reads these when it is imported and when the engine starts.
@@ -135,11 +113,14 @@ class VllmStrategy(EngineStrategy):
             **self.config.engine_kwargs,
         )
         self.dtype = dtype_from_name(model_args.dtype)
-        self.weight_sync_shards = self.config.tensor_parallel_size
-        self._init_engine_state(path)
+        # vLLM's CPU worker ignores sleep (it only pauses the scheduler and keeps the weights), so it needs
+        # no sleep mode there.
+        self._init_engine_state(
+            path,
+            can_sleep=self.config.enable_sleep_mode or not accelerator,
+            sleep_drops_weights=self.config.sleep_level == 2 and accelerator,
+        )
         self.in_process = not self.config.multiprocessing and self.config.tensor_parallel_size == 1
-        # vLLM's CPU worker ignores sleep (it only pauses the scheduler), so it needs no sleep mode there.
-        self._can_sleep = self.config.enable_sleep_mode or not accelerator
 
     def _sample(self, prompts: list[list[int]], args: GeneratingArguments, with_log_probs: bool) -> Samples:
         outputs = self.llm.generate(
@@ -214,31 +195,13 @@ class VllmStrategy(EngineStrategy):
             "roll_join_weight_broadcast", args=(master_addr, master_port, ranks, world_size, backend)
         )
 
-    # ---- sleep and wake ---------------------------------------------------------------------
+    # ---- sleep and wake: on CPU vLLM's sleep only pauses the scheduler and clears the prefix cache ----
 
-    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Sleep the engine at `sleep_level`: KV cache dropped, weights offloaded (1) or dropped (2).
-
-        Returns the device bytes freed. On CPU vLLM's sleep only pauses the scheduler and clears
-        the prefix cache (host memory stays as it is), so this reports about 0.
-        """
-        if self.asleep or not self._can_sleep:
-            return {}
-        before = memory_in_use(self.worker.platform)
+    def _sleep(self) -> None:
         self.llm.sleep(level=self.config.sleep_level)
-        self.asleep = True
-        return {"engine": float(max(before - memory_in_use(self.worker.platform), 0))}
 
-    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Wake the engine; after a level-2 sleep the next generation waits for a full weight sync."""
-        if not self.asleep:
-            return {}
-        before = memory_in_use(self.worker.platform)
+    def _wake(self) -> None:
         self.llm.wake_up()
-        self.asleep = False
-        if self.config.sleep_level == 2 and self.worker.platform.is_accelerator:
-            self.missing_weights = set(self.sync_weights)
-        return {"engine": float(max(memory_in_use(self.worker.platform) - before, 0))}
 
     def shutdown(self) -> None:
         """Stop the engine and release its memory and process groups."""

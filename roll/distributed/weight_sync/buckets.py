@@ -7,14 +7,14 @@ or packed into one flat byte buffer (handed over on a node), whose views unpack 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
+from roll.utils.grouping import iter_groups
+
 NamedTensors = list[tuple[str, torch.Tensor]]
-T = TypeVar("T")
 # Offsets in a flat bucket are multiples of this, so every dtype can be viewed in place.
 _ALIGN = 64
 
@@ -22,22 +22,6 @@ _ALIGN = 64
 def tensor_bytes(tensor: torch.Tensor) -> int:
     """Bytes of a tensor's elements."""
     return tensor.numel() * tensor.element_size()
-
-
-def iter_groups(items: Iterable[T], limit: int, size_of: Callable[[T], int]) -> Iterator[list[T]]:
-    """Consecutive groups whose sizes reach `limit` (the last may be smaller; a larger item is a group alone)."""
-    if limit < 1:
-        raise ValueError(f"a group size limit must be positive, got {limit}")
-    group: list[T] = []
-    size = 0
-    for item in items:
-        group.append(item)
-        size += size_of(item)
-        if size >= limit:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
 
 
 def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll.configs.base_config import PipelineConfig
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.pipeline.base_config import PipelineConfig
 
 CHECK_WORKER = "roll.pipeline.cluster_check.cluster_check_worker.ClusterCheckWorker"
 

@@ -8,6 +8,8 @@ on devices of their own.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from roll.distributed.executor.cluster import Cluster
@@ -34,18 +36,6 @@ VALUES = _phase("values", "critic")
 ADVANTAGES = _phase("advantages")
 CRITIC_UPDATE = _phase("critic_update", "critic")
 ACTOR_UPDATE = _phase("actor_update", "actor_train")
-
-RLVR_STEP = (
-    SYNC_WEIGHTS,
-    GENERATE,
-    REWARDS,
-    REFERENCE_LOG_PROBS,
-    OLD_LOG_PROBS,
-    VALUES,
-    ADVANTAGES,
-    CRITIC_UPDATE,
-    ACTOR_UPDATE,
-)
 
 
 class Residency:
@@ -81,3 +71,11 @@ class Residency:
         metrics[f"{prefix}/bytes_moved"] = moved
         metrics[f"{prefix}/residency_s"] = time.perf_counter() - started
         return metrics
+
+    @contextmanager
+    def timed(self, phase: Phase, metrics: dict[str, float]) -> Iterator[None]:
+        """Enter `phase`, run the body, and record the residency moves and the body's seconds in `metrics`."""
+        metrics.update(self.enter(phase))
+        started = time.perf_counter()
+        yield
+        metrics[f"time/{phase.name}_s"] = time.perf_counter() - started

@@ -11,7 +11,7 @@ from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.rlvr import reward_sandbox
+from roll.rewards import sandbox as reward_sandbox
 
 
 class RewardWorker(Worker):

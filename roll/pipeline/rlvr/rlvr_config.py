@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from roll.configs.base_config import PipelineConfig
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.data_config import DataArguments
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
-from roll.pipeline.rlvr.reward_sandbox import import_reward_fn
-
-ADVANTAGE_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "rloo")
-
-
-@dataclass
-class DataArguments:
-    """Where prompts come from: JSONL files, or the built-in arithmetic task when both are empty."""
-
-    train_file: str = ""
-    eval_file: str = ""
-    max_prompt_length: int = 16
-    task_seed: int = 0
+from roll.pipeline.base_config import PipelineConfig
+from roll.rewards.sandbox import import_reward_fn
 
 
 @dataclass
@@ -31,39 +20,8 @@ class RewardConfig(WorkerConfig):
     worker_cls: str = "roll.pipeline.rlvr.reward_worker.RewardWorker"
     world_size: int | None = 1
     domains: list[str] = field(default_factory=lambda: ["math"])
-    reward_fn: str = "roll.pipeline.rlvr.reward_functions.math_reward"
+    reward_fn: str = "roll.rewards.functions.math_reward"
     timeout_s: float = 10.0
-
-
-@dataclass
-class AlgorithmArguments:
-    """Advantages, KL, PPO loss and reward shaping."""
-
-    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
-    gamma: float = 1.0
-    lam: float = 0.95
-    norm_adv_by_std: bool = True
-    ppo_epochs: int = 1
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = None
-    value_clip: float | None = 0.5
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    entropy_coef: float = 0.0
-    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_penalty_coef: float = 0.0
-    adaptive_kl_target: float | None = None
-    adaptive_kl_horizon: int = 10000
-    reward_norm: Literal["none", "group", "batch"] = "none"
-    reward_clip: float | None = None
-    dynamic_sampling: bool = False
-
-    @property
-    def needs_reference(self) -> bool:
-        """A reference model is needed for a KL loss or a KL reward penalty."""
-        return self.use_kl_loss or self.kl_penalty_coef > 0 or self.adaptive_kl_target is not None
 
 
 @dataclass
@@ -78,7 +36,6 @@ class RLVRConfig(PipelineConfig):
     eval_batch_size: int = 0  # held-out problems per evaluation; 0 = all
     save_steps: int = 0  # checkpoint every N steps; 0 = only at the end
     resume_from_checkpoint: str = ""  # a checkpoint directory, or "latest" under output_dir/checkpoints
-    logging_steps: int = 1
     num_log_samples: int = 2
     weight_sync_bucket_mb: int = 64
     # How actor_infer gets actor_train's weights: "auto" hands them over on shared devices and

@@ -8,18 +8,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import ray
 import torch
 from tqdm import tqdm
 
 from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, task_problems
+from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.weight_sync.syncer import WeightSyncer
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline import checkpoint_state
 from roll.pipeline.base_pipeline import BasePipeline
-from roll.pipeline.base_worker import PPOLossConfig
 from roll.pipeline.evaluation import greedy_accuracy
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
@@ -53,17 +51,6 @@ class RLVRPipeline(BasePipeline):
             if algorithm.adaptive_kl_target is not None
             else FixedKLController(algorithm.kl_penalty_coef)
         )
-        self.loss_config = PPOLossConfig(
-            clip_low=algorithm.clip_low,
-            clip_high=algorithm.clip_high,
-            dual_clip=algorithm.dual_clip,
-            loss_agg_mode=algorithm.loss_agg_mode,
-            entropy_coef=algorithm.entropy_coef,
-            use_kl_loss=algorithm.use_kl_loss,
-            kl_loss_coef=algorithm.kl_loss_coef,
-            kl_kind=algorithm.kl_kind,
-            value_clip=algorithm.value_clip,
-        )
         self.run_dir = Path(config.output_dir) / config.exp_name
         self._start_roles()
         self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
@@ -71,7 +58,7 @@ class RLVRPipeline(BasePipeline):
         self.weight_syncer = WeightSyncer(
             self.clusters["actor_train"],
             infer,
-            config.weight_sync_plan(ray.get(infer.workers[0].weight_sync_shards.remote())),
+            config.weight_sync_plan(infer.weight_sync_shards()),
             config.weight_sync_bucket_mb * 2**20,
         )
         self.weights_stale = False
@@ -93,9 +80,6 @@ class RLVRPipeline(BasePipeline):
 
     # ---- one step -------------------------------------------------------------------------
 
-    def _enter(self, phase: phases.Phase, timings: dict[str, float]) -> None:
-        timings.update(self.residency.enter(phase))
-
     def sync_weights(self) -> dict[str, float]:
         """Bring actor_infer up to actor_train's weights if an update made them stale; return the sync's metrics.
 
@@ -103,10 +87,9 @@ class RLVRPipeline(BasePipeline):
         """
         if not self.weights_stale:
             return {}
-        metrics = self.residency.enter(phases.SYNC_WEIGHTS)
-        started = time.perf_counter()
-        metrics.update(self.weight_syncer.sync())
-        metrics["time/sync_weights_s"] = time.perf_counter() - started
+        metrics: dict[str, float] = {}
+        with self.residency.timed(phases.SYNC_WEIGHTS, metrics):
+            metrics.update(self.weight_syncer.sync())
         self.weights_stale = False
         return metrics
 
@@ -132,30 +115,21 @@ class RLVRPipeline(BasePipeline):
 
     def step(self, step: int) -> dict[str, float]:
         """One RL step through the phases; return its metrics."""
-        config, clusters, timings = self.config, self.clusters, {}
-        metrics: dict[str, float] = {}
-        phase_started = time.perf_counter
+        config, clusters, timed = self.config, self.clusters, self.residency.timed
+        metrics: dict[str, float] = self.sync_weights()
+        timings: dict[str, float] = {}
 
-        def timed(name: str, started: float) -> None:
-            timings[f"time/{name}_s"] = time.perf_counter() - started
+        with timed(phases.GENERATE, timings):
+            prompts = encode_prompts(self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length)
+            generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
+            batch = clusters["actor_infer"].generate(prompts, generating_args)
+            n = generating_args.num_return_sequences
+            group_index = group_index_from_repeat(len(prompts), n, interleave=True)
 
-        metrics.update(self.sync_weights())
-
-        self._enter(phases.GENERATE, timings)
-        started = phase_started()
-        prompts = encode_prompts(self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length)
-        generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
-        batch = clusters["actor_infer"].generate(prompts, generating_args)
-        n = generating_args.num_return_sequences
-        group_index = group_index_from_repeat(len(prompts), n, interleave=True)
-        timed("generate", started)
-
-        self._enter(phases.REWARDS, timings)
-        started = phase_started()
-        rewards = self._rewards(batch)
-        batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
-        batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
-        timed("rewards", started)
+        with timed(phases.REWARDS, timings):
+            rewards = self._rewards(batch)
+            batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
+            batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
         metrics.update(self._rollout_metrics(batch))
         self._log_samples(batch, step)
 
@@ -170,44 +144,36 @@ class RLVRPipeline(BasePipeline):
                 return metrics | timings
 
         if "reference" in clusters:
-            self._enter(phases.REFERENCE_LOG_PROBS, timings)
-            started = phase_started()
-            batch = batch.union(clusters["reference"].compute_log_probs(batch).rename("log_probs", "ref_log_probs"))
-            timed("reference_log_probs", started)
+            with timed(phases.REFERENCE_LOG_PROBS, timings):
+                ref_log_probs = clusters["reference"].compute_log_probs(batch)
+                batch = batch.union(ref_log_probs.rename("log_probs", "ref_log_probs"))
 
-        self._enter(phases.OLD_LOG_PROBS, timings)
-        started = phase_started()
-        batch = batch.union(clusters["actor_train"].compute_log_probs(batch).rename("log_probs", "old_log_probs"))
-        timed("old_log_probs", started)
+        with timed(phases.OLD_LOG_PROBS, timings):
+            old_log_probs = clusters["actor_train"].compute_log_probs(batch)
+            batch = batch.union(old_log_probs.rename("log_probs", "old_log_probs"))
 
         if "critic" in clusters:
-            self._enter(phases.VALUES, timings)
-            started = phase_started()
-            batch = batch.union(clusters["critic"].compute_values(batch))
-            timed("values", started)
+            with timed(phases.VALUES, timings):
+                batch = batch.union(clusters["critic"].compute_values(batch))
 
-        self._enter(phases.ADVANTAGES, timings)
-        started = phase_started()
-        batch, advantage_metrics = compute_advantages(batch, group_index, config.algorithm, self.kl_controller.value)
-        metrics.update(advantage_metrics)
-        if "actor/kl" in metrics:
-            self.kl_controller.update(metrics["actor/kl"], len(batch))
-        timed("advantages", started)
+        with timed(phases.ADVANTAGES, timings):
+            batch, advantage_metrics = compute_advantages(
+                batch, group_index, config.algorithm, self.kl_controller.value
+            )
+            metrics.update(advantage_metrics)
+            if "actor/kl" in metrics:
+                self.kl_controller.update(metrics["actor/kl"], len(batch))
 
         train_batch = batch.select(batch_keys=[k for k in batch.batch if k != "scores"], non_tensor_keys=[])
         if "critic" in clusters:
-            self._enter(phases.CRITIC_UPDATE, timings)
-            started = phase_started()
-            for _ in range(config.algorithm.ppo_epochs):
-                metrics.update(_prefixed("critic", clusters["critic"].train_step(train_batch, self.loss_config)))
-            timed("critic_update", started)
+            with timed(phases.CRITIC_UPDATE, timings):
+                for _ in range(config.algorithm.ppo_epochs):
+                    metrics.update(_prefixed("critic", clusters["critic"].train_step(train_batch, config.algorithm)))
 
-        self._enter(phases.ACTOR_UPDATE, timings)
-        started = phase_started()
-        for _ in range(config.algorithm.ppo_epochs):
-            metrics.update(_prefixed("actor", clusters["actor_train"].train_step(train_batch, self.loss_config)))
-        self.weights_stale = True
-        timed("actor_update", started)
+        with timed(phases.ACTOR_UPDATE, timings):
+            for _ in range(config.algorithm.ppo_epochs):
+                metrics.update(_prefixed("actor", clusters["actor_train"].train_step(train_batch, config.algorithm)))
+            self.weights_stale = True
         return metrics | timings
 
     def _overhead(self, step_seconds: float) -> dict[str, float]:

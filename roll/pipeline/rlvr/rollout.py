@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from roll.configs.algorithm_config import AlgorithmArguments
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.rlvr.rlvr_config import AlgorithmArguments
 from roll.utils import reward_processing
 from roll.utils.advantages import get_advantage_estimator
 from roll.utils.functionals import masked_mean

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll.configs.base_config import PipelineConfig
+from roll.configs.data_config import DataArguments
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.rlvr.rlvr_config import DataArguments
+from roll.pipeline.base_config import PipelineConfig
 
 
 @dataclass

@@ -16,8 +16,8 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.evaluation import greedy_accuracy
-from roll.pipeline.rlvr.reward_functions import math_reward
 from roll.pipeline.sft.sft_config import SFTConfig
+from roll.rewards.functions import math_reward
 from roll.utils.tracking import MetricsTracker
 
 EXPORT_MARKER = "roll_sft.json"

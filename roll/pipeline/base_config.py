@@ -9,6 +9,7 @@ from typing import Literal
 
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.strategy.registry import check_strategy_args
 
 
 @dataclass
@@ -65,6 +66,7 @@ class PipelineConfig:
         for name, role in self.roles().items():
             role.resolve(name, self.total_devices)
             self._check_worker_fits_a_node(role)
+            check_strategy_args(role)
 
     def _local_device_count(self) -> int:
         from roll.platforms import current_platform, get_platform

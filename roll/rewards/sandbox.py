@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
+
+from roll.utils.imports import import_object
 
 _reward_fn: Callable[[str, str, str], float] | None = None
 
 
 def import_reward_fn(dotted: str) -> Callable[[str, str, str], float]:
     """The function a dotted path `package.module.function` names; ValueError when it cannot be imported."""
-    module_name, _, name = dotted.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"reward_fn {dotted!r} cannot be imported: {exc}") from exc
+    fn = import_object(dotted, "reward_fn")
     if not callable(fn):
         raise ValueError(f"reward_fn {dotted!r} is not callable")
     return fn

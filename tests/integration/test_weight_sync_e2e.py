@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import ray
 import torch
 
 from roll.configs.worker_config import (
@@ -21,19 +20,19 @@ from roll.configs.worker_config import (
     WorkerConfig,
 )
 from roll.distributed.executor.cluster import Cluster
+from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
-from roll.distributed.weight_sync.syncer import WeightSyncer
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.pipeline.base_worker import ActorWorker, split_generation
 from roll.platforms import get_platform
-from tests.test_deepspeed_strategy import zero_block
+from tests.integration.test_deepspeed_strategy import zero_block
 
 pytestmark = pytest.mark.slow
-WORKER = "tests.test_weight_sync_e2e.EngineActorWorker"
+WORKER = "tests.integration.test_weight_sync_e2e.EngineActorWorker"
 GREEDY = GeneratingArguments(max_new_tokens=8, do_sample=False)
 SAMPLED = GeneratingArguments(max_new_tokens=8, seed=5, num_return_sequences=2)
 
@@ -111,7 +110,7 @@ def syncer(roles: dict[str, Cluster], target: str, method: str = "auto") -> Weig
     plan = plan_weight_sync(
         devices_per_worker(train.worker_config.devices, 1),
         devices_per_worker(config.devices, config.num_devices_per_worker),
-        ray.get(infer.workers[0].weight_sync_shards.remote()),
+        infer.weight_sync_shards(),
         method=method,
     )
     return WeightSyncer(train, infer, plan, bucket_bytes=2**16)

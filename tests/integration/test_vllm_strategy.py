@@ -17,14 +17,14 @@ from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.distributed.strategy.engine_strategy import pack_generations
-from roll.distributed.strategy.vllm_strategy import parse_vllm_config
+from roll.distributed.strategy.vllm_strategy import VllmStrategy
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
 from roll.utils.functionals import response_mask_from_ids
 from tests.strategy_workers import StrategyWorker
 
-WORKER = "tests.test_vllm_strategy.EngineWorker"
+WORKER = "tests.integration.test_vllm_strategy.EngineWorker"
 GREEDY = GeneratingArguments(max_new_tokens=12, do_sample=False)
 SAMPLED = GeneratingArguments(max_new_tokens=12, seed=3)
 QUIET = {"VLLM_LOGGING_LEVEL": "WARNING"}
@@ -130,11 +130,11 @@ def test_pack_generations_uses_hf_infer_layout() -> None:
 
 def test_config_errors_name_the_key(model_path: str) -> None:
     with pytest.raises(ConfigError, match=r"strategy_config\.kv_cache_gb' \(did you mean 'kv_cache_space_gb'"):
-        parse_vllm_config(role_config(model_path, "vllm", {"kv_cache_gb": 1}))
+        VllmStrategy.parse_config(role_config(model_path, "vllm", {"kv_cache_gb": 1}))
     with pytest.raises(ConfigError, match="engine_kwargs sets \\['seed'\\]"):
-        parse_vllm_config(role_config(model_path, "vllm", {"engine_kwargs": {"seed": 1}}))
+        VllmStrategy.parse_config(role_config(model_path, "vllm", {"engine_kwargs": {"seed": 1}}))
     with pytest.raises(ConfigError, match="num_devices_per_worker=2"):
-        parse_vllm_config(role_config(model_path, "vllm", {"tensor_parallel_size": 2}))
+        VllmStrategy.parse_config(role_config(model_path, "vllm", {"tensor_parallel_size": 2}))
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import pickle
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from roll.distributed.scheduler.protocol import DataProto
@@ -248,11 +247,3 @@ def test_pickle_protocol5_out_of_band() -> None:
     tensor_bytes = sum(t.numel() * t.element_size() for t in data.batch.values())
     assert sum(b.raw().nbytes for b in buffers) >= tensor_bytes
     assert len(payload) < tensor_bytes  # the payload did not travel in-band
-
-
-def test_ray_put_get_round_trip(ray_session: None) -> None:
-    data = make_mixed_proto()
-    restored = ray.get(ray.put(data))
-    assert_proto_equal(restored, data)
-    restored.batch["fp32"].add_(1.0)  # tensors coming out of the object store must be writable
-    assert torch.equal(restored.batch["fp32"], data.batch["fp32"] + 1.0)

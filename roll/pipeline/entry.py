@@ -9,9 +9,9 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from roll.configs.base_config import PipelineConfig
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
+from roll.pipeline.base_config import PipelineConfig
 
 
 def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: type) -> Any:

@@ -21,7 +21,7 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import generate_in_micro_batches
-from roll.distributed.strategy.sglang_strategy import SglangStrategy, parse_sglang_config
+from roll.distributed.strategy.sglang_strategy import SglangStrategy
 from roll.distributed.weight_sync.broadcast import (
     BroadcastGroup,
     SyncHeaders,
@@ -33,7 +33,7 @@ from roll.distributed.weight_sync.buckets import iter_buckets
 from roll.models.model_providers import load_model, load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
-from tests.test_weight_sync import free_port, run_all
+from tests.unit.test_weight_sync import free_port, run_all
 
 GREEDY = GeneratingArguments(max_new_tokens=10, do_sample=False)
 # ServerArgs fields the adapter may pass (checked against SGLang's server_args.py).
@@ -247,9 +247,9 @@ def hf_reference(model_path: str, batch: DataProto, weights: list | None = None)
 
 def test_config_errors_name_the_key(model_path: str) -> None:
     with pytest.raises(ConfigError, match=r"mem_fraction\b.*did you mean 'mem_fraction_static'"):
-        parse_sglang_config(role_config(model_path, {"mem_fraction": 0.5}))
+        SglangStrategy.parse_config(role_config(model_path, {"mem_fraction": 0.5}))
     with pytest.raises(ConfigError, match=r"engine_kwargs sets \['tp_size'\]"):
-        parse_sglang_config(role_config(model_path, {"engine_kwargs": {"tp_size": 2}}))
+        SglangStrategy.parse_config(role_config(model_path, {"engine_kwargs": {"tp_size": 2}}))
 
 
 def test_missing_sglang_fails_with_the_reason(monkeypatch: pytest.MonkeyPatch, model_path: str) -> None:

@@ -10,7 +10,8 @@ import yaml
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
 from roll.distributed.strategy.deepspeed_config import resolve_deepspeed_config
-from roll.utils.lr_schedule import lr_lambda
+from roll.distributed.strategy.lr_schedule import lr_lambda
+from roll.distributed.strategy.registry import check_strategy_args
 from tests.conftest import CONFIG_DIR
 
 ZERO2 = yaml.safe_load((CONFIG_DIR / "deepspeed_zero2.yaml").read_text())["deepspeed_zero2"]
@@ -26,6 +27,7 @@ def role(block: dict, strategy: str = "deepspeed_train", devices: str = "0-1", *
         training_args=TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=3, **training),
     )
     config.resolve("actor_train", 4)
+    check_strategy_args(config)
     return config
 
 

@@ -1,0 +1,40 @@
+"""The RL algorithm's settings: advantages, KL, the PPO loss and reward shaping.
+
+One schema for the driver (advantages, KL penalty) and the workers (the losses read it directly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class AlgorithmArguments:
+    """Advantages, KL, PPO loss and reward shaping."""
+
+    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
+    gamma: float = 1.0
+    lam: float = 0.95
+    norm_adv_by_std: bool = True
+    ppo_epochs: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    value_clip: float | None = 0.5
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    entropy_coef: float = 0.0
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_penalty_coef: float = 0.0
+    adaptive_kl_target: float | None = None
+    adaptive_kl_horizon: int = 10000
+    reward_norm: Literal["none", "group", "batch"] = "none"
+    reward_clip: float | None = None
+    dynamic_sampling: bool = False
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference model is needed for a KL loss or a KL reward penalty."""
+        return self.use_kl_loss or self.kl_penalty_coef > 0 or self.adaptive_kl_target is not None

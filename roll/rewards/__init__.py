@@ -1,0 +1,1 @@
+"""Reward functions and the sandbox that runs them; shared by every pipeline that scores responses."""
