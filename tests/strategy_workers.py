@@ -12,7 +12,12 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.strategy_worker import StrategyWorker as PipelineStrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.utils.functionals import masked_mean, next_token_log_probs
+from roll.utils.functionals import masked_mean, response_log_probs
+
+
+def next_token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probability of token t+1 given tokens up to t: `[B, T]` ids -> `[B, T-1]`."""
+    return response_log_probs(logits, input_ids, input_ids.shape[1] - 1)
 
 
 def lm_loss(batch: DataProto, output) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

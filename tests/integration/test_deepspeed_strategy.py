@@ -24,8 +24,8 @@ from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
-from roll.utils.functionals import next_token_log_probs
 from tests.conftest import CONFIG_DIR
+from tests.strategy_workers import next_token_log_probs
 
 WORKER = "tests.strategy_workers.StrategyWorker"
 BLOCKS = {p.stem: yaml.safe_load(p.read_text())[p.stem] for p in sorted(CONFIG_DIR.glob("deepspeed_zero*.yaml"))}
