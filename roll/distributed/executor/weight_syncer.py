@@ -26,8 +26,8 @@ class WeightSyncer:
         address, port = self.train.node_address_and_free_port()
         world_size = self.plan.broadcast_world_size
         receivers = [ranks[0] for ranks in self.plan.broadcast_ranks.values()]
-        member_ranks = [self.plan.broadcast_ranks.get(w) for w in range(self.infer.world_size)]
         n = self.infer.world_size
+        member_ranks = [self.plan.broadcast_ranks.get(worker) for worker in range(n)]
         # Every member must be joining at the same time: the group forms only when all have arrived.
         get_all(
             self.train.open_broadcast_source(self.infer.name, address, port, world_size, receivers, blocking=False),
@@ -39,8 +39,8 @@ class WeightSyncer:
         started = time.perf_counter()
         ranks = range(self.train.world_size)
         colocated = [[self.infer.workers[w] for w in self.plan.colocated.get(rank, ())] for rank in ranks]
-        broadcasts = self.plan.broadcast_ranks and self.infer.name
-        broadcast_to = [broadcasts if rank == BROADCAST_SOURCE else None for rank in ranks]
+        target = self.infer.name if self.plan.broadcast_ranks else None
+        broadcast_to = [target if rank == BROADCAST_SOURCE else None for rank in ranks]
         sent, _ = get_all(
             self.train.send_weights([self.bucket_bytes] * len(ranks), colocated, broadcast_to, blocking=False),
             self.infer.receive_weight_broadcast(blocking=False),
