@@ -22,18 +22,22 @@ from roll.utils import ppo_losses
 from roll.utils.functionals import masked_mean, response_log_probs, response_mask_from_ids
 
 
-def split_generation(output: torch.Tensor, prompt_length: int, eos_token_id: int, pad_token_id: int) -> dict:
-    """Tensors of a rollout from `[prompt | generated]` ids: responses, masks and the full sequence."""
+def split_generation(output: torch.Tensor, prompt_mask: torch.Tensor, eos_token_id: int, pad_token_id: int) -> dict:
+    """Tensors of a rollout from `[prompt | generated]` ids: responses, masks and the full sequence.
+
+    `prompt_mask` is the prompts' own attention mask (one row per sample). It is carried, not rebuilt
+    from the pad id: when pad = eos, a chat template's eos inside a prompt must stay attended.
+    """
+    prompt_length = prompt_mask.shape[1]
     prompts, responses = output[:, :prompt_length], output[:, prompt_length:]
     response_mask = response_mask_from_ids(responses, eos_token_id, pad_token_id)
     responses = responses.masked_fill(response_mask == 0, pad_token_id)
-    prompt_mask = (prompts != pad_token_id).long()
     return {
         "prompts": prompts,
         "responses": responses,
         "response_mask": response_mask,
         "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+        "attention_mask": torch.cat([prompt_mask.to(response_mask.dtype), response_mask], dim=1),
     }
 
 
@@ -43,10 +47,14 @@ class ActorWorker(StrategyWorker):
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> DataProto:
         """Responses to the prompts in `batch` (`num_return_sequences` per prompt, next to each other)."""
-        output = self.strategy.generate(batch, generating_args)
-        prompt_length = batch.batch["input_ids"].shape[1]
-        tensors = split_generation(output, prompt_length, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
-        repeated = batch.select(batch_keys=[]).repeat(generating_args.num_return_sequences, interleave=True)
+        return self.to_rollout(batch, self.strategy.generate(batch, generating_args), generating_args)
+
+    def to_rollout(self, batch: DataProto, output: torch.Tensor, generating_args: GeneratingArguments) -> DataProto:
+        """The rollout batch of generated `output` (`[prompt | generated]` ids, samples of a prompt adjacent)."""
+        n = generating_args.num_return_sequences
+        repeated = batch.select(batch_keys=["attention_mask"]).repeat(n, interleave=True)
+        prompt_mask = repeated.batch.pop("attention_mask")
+        tensors = split_generation(output, prompt_mask, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         return DataProto.from_dict(tensors=tensors, non_tensors=repeated.non_tensor_batch, meta_info=batch.meta_info)
 
     @register(Dispatch.DP_COMPUTE)

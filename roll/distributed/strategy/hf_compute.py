@@ -37,7 +37,11 @@ def forward_in_micro_batches(
     micro_batch_size: int,
     device: torch.device | str,
 ) -> dict[str, torch.Tensor]:
-    """Run `model` then `forward_func` on micro-batches of `batch`; concatenate the returned metrics."""
+    """Run `model` in eval mode (no dropout) then `forward_func` on micro-batches of `batch`; concatenate the metrics.
+
+    Eval mode is set on every call: a training strategy leaves its model in train mode after an update.
+    """
+    model.eval()
     collected: dict[str, list[torch.Tensor]] = defaultdict(list)
     for micro_batch in batch.split(micro_batch_size):
         output = model(**model_inputs(micro_batch, device), use_cache=False)
@@ -77,7 +81,7 @@ def generate_in_micro_batches(
     synced_ranks: bool = False,
     model_path: str = "",
 ) -> torch.Tensor:
-    """Prompts followed by up to `max_new_tokens` generated tokens, padded to that full width.
+    """Prompts followed by up to `max_new_tokens` generated tokens, padded to that full width (eval mode).
 
     `synced_ranks` keeps ZeRO-3 ranks stepping together until every rank has finished (each
     forward gathers parameters from all ranks), so ranks whose sequences end early do not hang
@@ -85,6 +89,7 @@ def generate_in_micro_batches(
     sample after the first stop string (kept, as vLLM keeps it); matching them needs the tokenizer
     of `model_path`.
     """
+    model.eval()
     config = model.generation_config
     pad_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     kwargs = generation_kwargs(args, pad_id, config.eos_token_id)

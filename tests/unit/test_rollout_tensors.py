@@ -1,0 +1,50 @@
+"""Rollout tensors from generations, and forward passes that never run with dropout."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.hf_compute import forward_in_micro_batches
+from roll.pipeline.base_worker import split_generation
+
+EOS = PAD = 0
+
+
+def test_prompt_mask_is_carried_not_rebuilt_from_the_pad_id() -> None:
+    # Left-padded prompt [PAD, 5, EOS, 6]: its EOS (a chat template's turn end, pad = eos) is attended.
+    prompt_mask = torch.tensor([[0, 1, 1, 1]])
+    output = torch.tensor([[PAD, 5, EOS, 6, 7, EOS, PAD]])
+    tensors = split_generation(output, prompt_mask, EOS, PAD)
+    assert tensors["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1, 0]]
+    assert tensors["response_mask"].tolist() == [[1, 1, 0]]
+    assert tensors["input_ids"].tolist() == output.tolist()
+
+
+class DropoutLM(torch.nn.Module):
+    """Logits through a dropout layer: different on every call in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 8)
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, input_ids: torch.Tensor, **_: object) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.dropout(self.embed(input_ids)))
+
+
+def test_forward_passes_run_in_eval_mode_after_training() -> None:
+    model = DropoutLM().train()  # as a training strategy leaves it after an update
+    batch = DataProto.from_dict(
+        tensors={"input_ids": torch.arange(8).reshape(2, 4), "attention_mask": torch.ones(2, 4)}
+    )
+
+    def logits(micro_batch: DataProto, output: SimpleNamespace) -> tuple[None, dict[str, torch.Tensor]]:
+        return None, {"logits": output.logits}
+
+    first = forward_in_micro_batches(model, batch, logits, 1, "cpu")["logits"]
+    second = forward_in_micro_batches(model, batch, logits, 2, "cpu")["logits"]
+    assert torch.equal(first, second)
+    assert torch.equal(first, model.embed(batch.batch["input_ids"]).detach())
