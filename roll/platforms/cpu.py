@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 from dataclasses import dataclass
 
-from roll.platforms.platform import MemoryStats, Platform, host_rss_bytes
+from roll.platforms.platform import DtypeName, MemoryStats, Platform, host_rss_bytes
 
 
 @dataclass
@@ -34,3 +35,33 @@ class CpuPlatform(Platform):
 
     def empty_cache(self) -> None:
         """Nothing to release: the host allocator returns memory on its own."""
+
+    def dtype_unsupported_reason(self, dtype: DtypeName) -> str:
+        """fp16 needs oneDNN fp16 kernels (DeepSpeed refuses it without them); bf16 and fp32 run on any CPU."""
+        if dtype == "fp16" and not onednn_supports_fp16():
+            return f"{cpu_model_name()}: oneDNN finds no fp16 support; x86 needs AVX512-FP16 or AMX-FP16"
+        return ""
+
+
+@functools.cache
+def onednn_supports_fp16() -> bool:
+    """Whether oneDNN has fp16 kernels for this CPU: the check DeepSpeed's CPU accelerator makes."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):  # torch built without oneDNN
+        return False
+
+
+@functools.cache
+def cpu_model_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else the machine architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return os.uname().machine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roll.platforms.platform import MemoryStats, Platform
+from roll.platforms.platform import DtypeName, MemoryStats, Platform
 
 
 @dataclass
@@ -40,6 +40,20 @@ class CudaPlatform(Platform):
     def set_device(self, local_rank: int) -> None:
         """Bind this process to its local device."""
         self._module().set_device(local_rank)
+
+    def dtype_unsupported_reason(self, dtype: DtypeName) -> str:
+        """bf16 as torch (and DeepSpeed) judge the current device; fp16 and fp32 run on every GPU.
+
+        A process that sees no device (a driver on a CPU-only head node) cannot tell and answers "".
+        """
+        import torch
+
+        mod = getattr(torch, self.device_type, None)
+        if dtype != "bf16" or mod is None or not mod.is_available() or not hasattr(mod, "is_bf16_supported"):
+            return ""
+        if mod.is_bf16_supported():
+            return ""
+        return f"{mod.get_device_name()} has no bf16 support"
 
 
 @dataclass

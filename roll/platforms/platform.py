@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Literal
+
+# The precisions a role's `model_args.dtype` names.
+DtypeName = Literal["fp32", "bf16", "fp16"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,14 @@ class Platform(ABC):
 
     def set_device(self, local_rank: int) -> None:
         """Make `local_rank` the current device of this process (a no-op on CPU)."""
+
+    def supports_dtype(self, dtype: DtypeName) -> bool:
+        """Whether this machine's devices compute in `dtype` for training and inference."""
+        return not self.dtype_unsupported_reason(dtype)
+
+    @abstractmethod
+    def dtype_unsupported_reason(self, dtype: DtypeName) -> str:
+        """Why this machine's devices cannot compute in `dtype`, for an error message; "" when they can."""
 
 
 def host_rss_bytes() -> int:

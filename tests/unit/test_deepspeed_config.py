@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -12,17 +13,20 @@ from roll.configs.worker_config import ModelArguments, StrategyArguments, Traini
 from roll.distributed.strategy.deepspeed_config import resolve_deepspeed_config
 from roll.distributed.strategy.lr_schedule import lr_lambda
 from roll.distributed.strategy.registry import check_strategy_args
+from roll.platforms import current_platform
 from tests.conftest import CONFIG_DIR
 
 ZERO2 = yaml.safe_load((CONFIG_DIR / "deepspeed_zero2.yaml").read_text())["deepspeed_zero2"]
 ZERO3 = yaml.safe_load((CONFIG_DIR / "deepspeed_zero3.yaml").read_text())["deepspeed_zero3"]
 
 
-def role(block: dict, strategy: str = "deepspeed_train", devices: str = "0-1", **training: object) -> WorkerConfig:
+def role(
+    block: dict, strategy: str = "deepspeed_train", devices: str = "0-1", dtype: str = "bf16", **training: object
+) -> WorkerConfig:
     config = WorkerConfig(
         worker_cls="w.W",
         device_mapping=devices,
-        model_args=ModelArguments(dtype="bf16"),
+        model_args=ModelArguments(dtype=dtype),
         strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=copy.deepcopy(block)),
         training_args=TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=3, **training),
     )
@@ -85,3 +89,40 @@ def test_lr_schedules() -> None:
     cosine = lr_lambda(TrainingArguments(lr_scheduler_type="cosine", max_steps=4))
     assert [cosine(s) for s in (0, 2, 4, 9)] == pytest.approx([1.0, 0.5, 0.0, 0.0])
     assert lr_lambda(TrainingArguments())(100) == 1.0
+
+
+@pytest.fixture
+def cpu_without_fp16(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The run's platform is the CPU, and oneDNN reports no fp16 kernels (as on AMD EPYC)."""
+    monkeypatch.setenv("ROLL_PLATFORM", "cpu")
+    monkeypatch.setattr("roll.platforms.cpu.onednn_supports_fp16", lambda: False)
+    current_platform.cache_clear()
+    yield
+    current_platform.cache_clear()
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_train", "deepspeed_infer"])
+def test_fp16_on_a_cpu_without_fp16_is_an_error_suggesting_bf16(cpu_without_fp16: None, strategy: str) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"^actor_train.model_args.dtype=fp16 is not supported on this CPU \(.*AVX512-FP16 or AMX-FP16\); "
+        r"use bf16 or fp32$",
+    ):
+        role(ZERO3, strategy=strategy, dtype="fp16")
+    role(ZERO3, strategy=strategy, dtype="bf16")
+
+
+def test_block_enabling_fp16_is_checked_too(cpu_without_fp16: None) -> None:
+    with pytest.raises(ConfigError, match=r"dtype=fp16 is not supported on this CPU"):
+        role(ZERO2 | {"fp16": {"enabled": True, "loss_scale": 0}}, dtype="fp16")
+
+
+def test_fp16_passes_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch, cpu_without_fp16: None) -> None:
+    monkeypatch.setattr("roll.platforms.cpu.onednn_supports_fp16", lambda: True)
+    assert resolve_deepspeed_config(role(ZERO2, dtype="fp16"), training=True)["fp16"]["enabled"] is True
+
+
+def test_cpu_features_are_not_checked_for_a_gpu_run(monkeypatch: pytest.MonkeyPatch, cpu_without_fp16: None) -> None:
+    monkeypatch.setenv("ROLL_PLATFORM", "cuda")
+    current_platform.cache_clear()
+    assert resolve_deepspeed_config(role(ZERO2, dtype="fp16"), training=True)["fp16"]["enabled"] is True

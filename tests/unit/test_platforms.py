@@ -57,3 +57,37 @@ def test_environment_override(monkeypatch: pytest.MonkeyPatch) -> None:
         assert current_platform().name == "cpu"
     finally:
         current_platform.cache_clear()
+
+
+def test_cpu_fp16_support_is_what_onednn_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = get_platform("cpu")
+    monkeypatch.setattr("roll.platforms.cpu.onednn_supports_fp16", lambda: False)
+    assert not cpu.supports_dtype("fp16")
+    assert "AVX512-FP16 or AMX-FP16" in cpu.dtype_unsupported_reason("fp16")
+    assert cpu.supports_dtype("bf16") and cpu.supports_dtype("fp32")
+    monkeypatch.setattr("roll.platforms.cpu.onednn_supports_fp16", lambda: True)
+    assert cpu.supports_dtype("fp16") and cpu.dtype_unsupported_reason("fp16") == ""
+
+
+def test_cpu_fp16_detection_agrees_with_deepspeed() -> None:
+    import torch
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    from roll.platforms.cpu import onednn_supports_fp16
+
+    assert onednn_supports_fp16() == bool(CPU_Accelerator().is_fp16_supported())
+    assert get_platform("cpu").supports_dtype("fp16") == (torch.float16 in CPU_Accelerator().supported_dtypes())
+
+
+def test_cuda_answers_for_its_gpus_not_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr("roll.platforms.cpu.onednn_supports_fp16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Tesla V100")
+    cuda = get_platform("cuda")
+    assert cuda.supports_dtype("fp16") and cuda.supports_dtype("fp32")
+    assert cuda.dtype_unsupported_reason("bf16") == "Tesla V100 has no bf16 support"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda.supports_dtype("bf16")  # a driver without GPUs cannot tell, so it does not refuse

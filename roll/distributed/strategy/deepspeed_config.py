@@ -12,6 +12,7 @@ from typing import Any
 
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.platforms import current_platform
 
 AUTO = "auto"
 
@@ -89,9 +90,28 @@ def offloads_optimizer(config: dict[str, Any]) -> bool:
     return device in ("cpu", "nvme")
 
 
+def check_precision_supported(worker_config: WorkerConfig, config: dict[str, Any]) -> None:
+    """Raise ConfigError when the run's devices cannot compute in the 16-bit precision `config` enables.
+
+    DeepSpeed would refuse it only inside a started worker (`Type fp16 is not supported on your
+    device` on CPUs without AVX512-FP16/AMX-FP16). The platform answers for its own devices: CPU
+    features are checked only when the run's platform is the CPU.
+    """
+    platform = current_platform()
+    for precision in ("fp16", "bf16"):
+        reason = platform.dtype_unsupported_reason(precision) if config[precision]["enabled"] else ""
+        if reason:
+            device = "device" if platform.is_accelerator else "CPU"
+            others = " or ".join(d for d in ("bf16", "fp32", "fp16") if d != precision and platform.supports_dtype(d))
+            raise ConfigError(
+                f"{worker_config.name}.model_args.dtype={precision} is not supported on this {device} ({reason}); "
+                f"use {others}"
+            )
+
+
 def check_train_config(worker_config: WorkerConfig) -> None:
     """Config-time check of a deepspeed_train role."""
-    resolve_deepspeed_config(worker_config, training=True)
+    check_precision_supported(worker_config, resolve_deepspeed_config(worker_config, training=True))
     args = worker_config.training_args
     if args.lr_scheduler_type != "constant" and args.max_steps < 1:
         raise ConfigError(
@@ -103,6 +123,7 @@ def check_train_config(worker_config: WorkerConfig) -> None:
 def check_infer_config(worker_config: WorkerConfig) -> None:
     """Config-time check of a deepspeed_infer role: a ZeRO-3 block without optimizer offload."""
     config = resolve_deepspeed_config(worker_config, training=False)
+    check_precision_supported(worker_config, config)
     if zero_stage(config) != 3:
         raise ConfigError(
             f"{worker_config.name}.strategy_args.strategy_config: deepspeed_infer needs ZeRO stage 3 "
