@@ -7,6 +7,7 @@ a sync every engine must compute what the training model computes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,7 +27,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
 from roll.models.model_providers import load_tokenizer
-from roll.models.tiny import make_tiny_model
+from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.pipeline.base_worker import ActorWorker
 from roll.platforms import get_platform
 from tests.integration.test_deepspeed_strategy import zero_block
@@ -91,6 +92,8 @@ def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
         "vllm": role("vllm", "vllm", "2", model_path),
         "vllm_bf16": role("vllm_bf16", "vllm", "2", model_path, dtype="bf16"),
         "vllm_tp2": role("vllm_tp2", "vllm", "1-2", model_path, {"tensor_parallel_size": 2}, devices_per_worker=2),
+        # ZeRO-3 inference loads collectively; worker 0 shares training rank 0's slot, worker 1 has its own.
+        "deepspeed_infer_mixed": role("deepspeed_infer_mixed", "deepspeed_infer", "0,2", model_path, zero_block(3)),
     }
     clusters = {name: Cluster(WORKER, config, manager) for name, config in configs.items()}
     try:
@@ -192,3 +195,78 @@ def test_a_tensor_parallel_engine_takes_weights_on_either_route(
     route.sync()
     expected = roles["actor_train"].generate(prompts, GREEDY)
     assert torch.equal(roles["vllm_tp2"].generate(prompts, GREEDY).batch["responses"], expected.batch["responses"])
+
+
+def test_a_collectively_loading_engine_takes_weights_on_both_routes_at_once(
+    roles: dict[str, Cluster], prompts: DataProto
+) -> None:
+    """ZeRO-3 deepspeed_infer with one colocated and one broadcast worker: each bucket's gather needs both.
+
+    Training rank 0 hands bucket k to its colocated worker while it broadcasts the same bucket; waiting
+    for the hand-over first deadlocked (the colocated worker's gather waited for the broadcast worker).
+    """
+    route = syncer(roles, "deepspeed_infer_mixed")
+    assert route.plan.colocated == {0: (0,)} and route.plan.broadcast_ranks == {1: (1,)}
+    train_step(roles, prompts)
+    metrics = route.sync()
+    assert metrics["sync/colocated_bytes"] > 0 and metrics["sync/broadcast_bytes"] > 0
+    expected = roles["actor_train"].generate(prompts, GREEDY)
+    torch.testing.assert_close(
+        log_probs(roles["deepspeed_infer_mixed"], expected),
+        log_probs(roles["actor_train"], expected),
+        rtol=0,
+        atol=1e-5,
+    )
+
+
+class CrashedReceiverWorker(EngineActorWorker):
+    """A receiver that fails at once, before it takes part in the sync (as a crashed engine would)."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def receive_weight_broadcast(self) -> int:
+        raise RuntimeError("receiver crashed")
+
+
+@pytest.fixture
+def failing_roles(ray_session: None, model_path: str, tmp_path) -> Iterator[dict[str, Cluster]]:
+    """ZeRO-3 training on 2 slots and, on a third, a receiver of another shape and one that crashes."""
+    other_shape = str(make_tiny_model(tmp_path / "wide", TinyModelSpec(hidden_size=256, num_heads=8, num_kv_heads=4)))
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
+    crashed = role("crashed", "hf_infer", "2", model_path)
+    crashed.worker_cls = "tests.integration.test_weight_sync_e2e.CrashedReceiverWorker"
+    configs = {
+        "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(3)),
+        "wide": role("wide", "hf_infer", "2", other_shape),
+        "crashed": crashed,
+    }
+    clusters = {name: Cluster(config.worker_cls, config, manager) for name, config in configs.items()}
+    try:
+        for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
+            future.get()
+        yield clusters
+    finally:
+        for cluster in clusters.values():
+            cluster.shutdown(close_timeout_s=5)
+        manager.destroy()
+
+
+def test_a_failed_sync_ends_every_participant_with_the_error(failing_roles: dict[str, Cluster]) -> None:
+    """A rejected bucket: rank 0 aborts, rank 1 finishes its ZeRO-3 gathers, the receiver raises; nobody hangs.
+
+    A receiver that crashes before taking part leaves the source waiting for its verdict: after the grace
+    period the waiting workers are stopped and named in the error.
+    """
+    train = failing_roles["actor_train"]
+    rejected = syncer(failing_roles, "wide")
+    started = time.perf_counter()
+    with pytest.raises(Exception, match=r"weight '[\w.]+' has shape \(\d+(, \d+)*\) but the model's is"):
+        rejected.sync()
+    assert time.perf_counter() - started < 60
+    assert train.describe()  # every training rank finished its call: the role is still usable
+
+    crashed = syncer(failing_roles, "crashed")
+    crashed.abort_grace_s = 3
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"receiver crashed(.|\n)*actor_train rank 0 still waited"):
+        crashed.sync()
+    assert time.perf_counter() - started < 60

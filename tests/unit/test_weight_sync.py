@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from roll.distributed.weight_sync.broadcast import (
     BroadcastGroup,
+    SyncAborted,
     SyncHeaders,
     open_store,
     receive_weights,
@@ -199,13 +200,36 @@ def test_a_rejected_bucket_aborts_the_sync_on_every_member_naming_the_weight(gro
         *[lambda r=r: receive_weights(r.headers, r.rank, r.check, r.take) for r in receivers],
     )
     for result in results:
-        assert isinstance(result, ValueError)
+        assert isinstance(result, SyncAborted)
         assert "weight 'd.index' has shape (5,) but the model's is (6,)" in str(result)
     # Nothing of the rejected bucket moved (bucket 0 had, which is why a mismatch means a broken config).
     assert "d.index" not in receivers[0].loaded and "a.weight" in receivers[0].loaded
     # The group is still usable: the next sync goes through.
     receivers[1].shapes["d.index"] = (5,)
     results = run_all(
+        lambda: send_weights(headers, source, iter_buckets(mixed_weights(), 64), [1, 2]),
+        *[lambda r=r: receive_weights(r.headers, r.rank, r.check, r.take) for r in receivers],
+    )
+    assert not any(isinstance(result, Exception) for result in results)
+
+
+def test_a_source_failing_between_buckets_ends_every_receiver_with_its_error(group) -> None:
+    source, headers, receivers = group
+
+    def failing_buckets() -> Iterator[list[tuple[str, torch.Tensor]]]:
+        buckets = iter_buckets(mixed_weights(), 64)
+        yield next(buckets)
+        raise RuntimeError("gather of bucket 1 failed")
+
+    results = run_all(
+        lambda: send_weights(headers, source, failing_buckets(), [1, 2]),
+        *[lambda r=r: receive_weights(r.headers, r.rank, r.check, r.take) for r in receivers],
+    )
+    assert isinstance(results[0], RuntimeError) and "gather of bucket 1 failed" in str(results[0])
+    for result in results[1:]:
+        assert isinstance(result, SyncAborted)
+        assert "aborted at bucket 1" in str(result) and "gather of bucket 1 failed" in str(result)
+    results = run_all(  # the next sync goes through on the same group
         lambda: send_weights(headers, source, iter_buckets(mixed_weights(), 64), [1, 2]),
         *[lambda r=r: receive_weights(r.headers, r.rank, r.check, r.take) for r in receivers],
     )

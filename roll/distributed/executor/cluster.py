@@ -21,26 +21,58 @@ logger = logging.getLogger(__name__)
 
 
 class ClusterFuture:
-    """The pending result of a non-blocking cluster call; `get()` waits and collects it."""
+    """The pending result of a non-blocking cluster call; `get()` waits and collects it.
 
-    def __init__(self, refs: list[ray.ObjectRef], collect: Callable[[list[Any]], Any]) -> None:
+    `callees` names the worker behind each ref (`role rank r`) and holds its actor handle.
+    """
+
+    def __init__(
+        self,
+        refs: list[ray.ObjectRef],
+        collect: Callable[[list[Any]], Any],
+        callees: list[tuple[str, ray.actor.ActorHandle]],
+    ) -> None:
         self.refs = refs
         self._collect = collect
+        self.callees = callees
 
     def get(self, timeout: float | None = None) -> Any:
         """Wait for every called rank and combine their results as the dispatch mode says."""
         return self._collect(ray.get(self.refs, timeout=timeout))
 
+    def kill_unfinished(self) -> list[str]:
+        """Kill the workers whose call is still running; return their names."""
+        finished, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        stuck = [callee for ref, callee in zip(self.refs, self.callees, strict=True) if ref not in finished]
+        for _, worker in stuck:
+            ray.kill(worker, no_restart=True)
+        return [name for name, _ in stuck]
 
-def get_all(*futures: ClusterFuture) -> list[Any]:
+
+def get_all(*futures: ClusterFuture, abort_grace_s: float | None = None) -> list[Any]:
     """The results of calls that run together, raising the first failure as soon as it happens.
 
     Waiting on the futures one by one would hang on a call whose partner in another cluster failed.
+    With `abort_grace_s`, the calls still running after a failure get that long to end (their
+    partner's abort may release them); the workers of those that do not, stuck in a collective or a
+    wait the failed call left, are killed and named in the error, so no participant waits forever.
     """
     pending = [ref for future in futures for ref in future.refs]
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready)
+    except Exception as exc:
+        if abort_grace_s is None:
+            raise
+        ray.wait(pending, num_returns=len(pending), timeout=abort_grace_s)
+        killed = [name for future in futures for name in future.kill_unfinished()]
+        if killed:
+            raise RuntimeError(
+                f"{exc}\n{', '.join(killed)} still waited on the failed call after {abort_grace_s:.0f} s and "
+                "were stopped; their roles cannot continue, so the run must end (resume from its last checkpoint)"
+            ) from exc
+        raise
     return [future.get() for future in futures]
 
 
@@ -149,7 +181,8 @@ class Cluster:
         calls = dispatch_args(mode, ranks, args, kwargs)
         refs = [getattr(self.workers[rank], method).remote(*a, **kw) for rank, a, kw in calls]
         called = [rank for rank, _, _ in calls]
-        future = ClusterFuture(refs, functools.partial(collect_results, mode, ranks, called))
+        callees = [(f"{self.name} rank {rank}", self.workers[rank]) for rank in called]
+        future = ClusterFuture(refs, functools.partial(collect_results, mode, ranks, called), callees)
         return future.get() if blocking else future
 
     def shutdown(self, close_timeout_s: float = 60) -> None:

@@ -119,13 +119,22 @@ class StrategyWorker(Worker):
         totals = {"colocated_bytes": 0, "broadcast_bytes": 0}
         if not (colocated or broadcast_to or self.strategy.weights_gathered_collectively):
             return totals
-        buckets = hand_over(iter_buckets(self.strategy.iter_hf_weights(), bucket_bytes), colocated, totals)
-        if broadcast_to:
-            group, headers, receivers = self.broadcast_sources[broadcast_to]
-            totals["broadcast_bytes"] = send_weights(headers, group, buckets, receivers)
-        else:
-            for _ in buckets:  # a rank without routes still takes part in ZeRO-3's gathers
-                pass
+        weights = self.strategy.iter_hf_weights()
+        buckets = hand_over(iter_buckets(weights, bucket_bytes), colocated, totals)
+        try:
+            if broadcast_to:
+                group, headers, receivers = self.broadcast_sources[broadcast_to]
+                totals["broadcast_bytes"] = send_weights(headers, group, buckets, receivers)
+            else:
+                for _ in buckets:  # a rank without routes still takes part in ZeRO-3's gathers
+                    pass
+        except Exception:
+            if self.strategy.weights_gathered_collectively:
+                # The other training ranks are gathering the remaining weights: take part to the end so
+                # that they finish (and report) instead of waiting in a collective this rank left.
+                for _ in weights:
+                    pass
+            raise
         return totals
 
     @register(Dispatch.ONE_TO_ALL)

@@ -3,7 +3,10 @@
 Every training rank runs `StrategyWorker.send_weights` (ZeRO-3 gathers each parameter
 collectively); each hands buckets to its colocated inference workers, and training rank 0 also
 feeds the broadcast group, whose receiving workers run `receive_weight_broadcast` meanwhile.
-All of it goes through the clusters' registered methods.
+All of it goes through the clusters' registered methods. A failed sync ends every participant:
+the failing side tells the others (an abort header, the remaining ZeRO-3 gathers taken part in),
+and any worker still waiting after `abort_grace_s` is stopped, so the driver raises instead of
+hanging.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from roll.distributed.weight_sync.plan import BROADCAST_SOURCE, SyncPlan
 class WeightSyncer:
     """Moves a training cluster's weights into an inference cluster along `plan`, in buckets of `bucket_bytes`."""
 
-    def __init__(self, train: Cluster, infer: Cluster, plan: SyncPlan, bucket_bytes: int) -> None:
+    def __init__(
+        self, train: Cluster, infer: Cluster, plan: SyncPlan, bucket_bytes: int, abort_grace_s: float = 30.0
+    ) -> None:
         self.train, self.infer, self.plan, self.bucket_bytes = train, infer, plan, bucket_bytes
+        self.abort_grace_s = abort_grace_s
         if plan.broadcast_ranks:
             self._open_broadcast_group()
 
@@ -44,6 +50,7 @@ class WeightSyncer:
         sent, _ = get_all(
             self.train.send_weights([self.bucket_bytes] * len(ranks), colocated, broadcast_to, blocking=False),
             self.infer.receive_weight_broadcast(blocking=False),
+            abort_grace_s=self.abort_grace_s,
         )
         return {
             "sync/colocated_bytes": float(sum(result["colocated_bytes"] for result in sent)),

@@ -11,9 +11,10 @@ The group is built directly on a TCPStore hosted by the source, apart from torch
 4. the source broadcasts the tensors one by one in spec order (the order SGLang's
    `update_weights_from_distributed` receives them in).
 
-An empty spec list ends the sync. Headers and verdicts travel through the store; only tensors go
-over the group, so engines whose shards join the group themselves (SGLang, vLLM with several engine
-processes) receive while their actor handles the protocol.
+An empty spec list ends the sync; a source that fails between buckets announces an abort in place of
+the next bucket, so receivers raise its error instead of waiting. Headers and verdicts travel
+through the store; only tensors go over the group, so engines whose shards join the group themselves
+(SGLang, vLLM with several engine processes) receive while their actor handles the protocol.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def new_process_group(
     raise ValueError(f"weight broadcast backend must be 'gloo' or 'nccl', got {backend!r}")
 
 
+class SyncAborted(RuntimeError):
+    """The source ended the sync with an error in place of the next bucket."""
+
+
 class SyncHeaders:
     """The per-bucket protocol of steps 1-3 above, in the group's store; `sync` counts finished syncs."""
 
@@ -77,6 +82,10 @@ class SyncHeaders:
     def publish(self, index: int, specs: list[TensorSpec]) -> None:
         """Announce bucket `index` of the current sync (an empty list ends the sync)."""
         self.store.set(self._key(index, "specs"), json.dumps([spec.to_json() for spec in specs]))
+
+    def publish_abort(self, index: int, error: str) -> None:
+        """Announce, in place of bucket `index`, that the source failed with `error`."""
+        self.store.set(self._key(index, "specs"), json.dumps({"abort": error}))
 
     def verdicts(self, index: int, receivers: Iterable[int]) -> list[str]:
         """Wait for every receiver's verdict on bucket `index`; return the errors (empty: all accept)."""
@@ -104,8 +113,11 @@ class SyncHeaders:
 
     # receiver side
     def read(self, index: int) -> list[TensorSpec]:
-        """The specs of bucket `index`, waiting until the source announces it."""
-        return [TensorSpec.from_json(spec) for spec in json.loads(self.store.get(self._key(index, "specs")))]
+        """The specs of bucket `index`, waiting until the source announces it; SyncAborted if it failed instead."""
+        header = json.loads(self.store.get(self._key(index, "specs")))
+        if isinstance(header, dict):
+            raise SyncAborted(header["abort"])
+        return [TensorSpec.from_json(spec) for spec in header]
 
     def report(self, index: int, rank: int, error: str) -> str:
         """Give this receiver's verdict ('' accepts) and return the source's decision: '' to go, else the errors."""
@@ -167,18 +179,26 @@ def send_weights(
     """Run one sync as the source (steps 1-4 for every bucket); return the bytes broadcast.
 
     `receivers` are the group ranks that give verdicts (one per inference worker). Raises
-    ValueError with the receivers' errors when any of them rejects a bucket.
+    SyncAborted with the receivers' errors when any of them rejects a bucket; when making a bucket
+    fails, the receivers are told before the error is raised.
     """
     sent = count = 0
-    for bucket in buckets:
-        headers.publish(count, [spec_of(name, tensor) for name, tensor in bucket])
-        errors = headers.verdicts(count, receivers)
-        headers.decide(count, errors)
-        if errors:
-            headers.finish(count + 1, receivers, aborted=True)
-            raise ValueError(f"weight sync aborted, an inference worker rejected bucket {count}: {'; '.join(errors)}")
-        sent += group.broadcast_bucket(bucket)
-        count += 1
+    try:
+        for bucket in buckets:
+            headers.publish(count, [spec_of(name, tensor) for name, tensor in bucket])
+            errors = headers.verdicts(count, receivers)
+            headers.decide(count, errors)
+            if errors:
+                headers.finish(count + 1, receivers, aborted=True)
+                raise SyncAborted(f"an inference worker rejected bucket {count}: {'; '.join(errors)}")
+            sent += group.broadcast_bucket(bucket)
+            count += 1
+    except SyncAborted:
+        raise
+    except Exception as exc:  # making a bucket failed (a gather, a colocated hand-over): release the receivers
+        headers.publish_abort(count, f"the source failed before bucket {count}: {exc!r}")
+        headers.finish(count + 1, receivers, aborted=True)
+        raise
     headers.finish(count, receivers)
     return sent
 
@@ -194,12 +214,19 @@ def receive_weights(
     """
     loaded = index = 0
     failure = ""  # a bucket this worker failed to load: later buckets are rejected with it, ending the sync
-    while specs := headers.read(index):
+    while True:
+        try:
+            specs = headers.read(index)
+        except SyncAborted as exc:
+            headers.close_read()
+            raise SyncAborted(f"weight sync aborted at bucket {index}: {exc}") from None
+        if not specs:
+            break
         error = failure or _check_error(check, specs)
         decision = headers.report(index, rank, error)
         if decision:
             headers.close_read()
-            raise ValueError(f"weight sync aborted at bucket {index}: {decision}")
+            raise SyncAborted(f"weight sync aborted at bucket {index}: {decision}")
         try:
             loaded += take(specs)
         except Exception as exc:  # reported to the source at the next bucket, raised below

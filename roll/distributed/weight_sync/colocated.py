@@ -59,16 +59,21 @@ def open_bucket(shared: SharedBucket) -> NamedTensors:
 
 
 def hand_over(buckets: Iterable[NamedTensors], targets: list[Any], totals: dict[str, int]) -> Iterator[NamedTensors]:
-    """Pass each bucket through after every target actor has loaded it (`receive_colocated_bucket`).
+    """Pass each bucket on while every target actor loads it (`receive_colocated_bucket`), then wait for them.
 
     The bucket goes into the object store once, whatever the number of targets; the bytes handed
-    over accumulate in `totals["colocated_bytes"]`.
+    over accumulate in `totals["colocated_bytes"]`. The targets load bucket k while the caller
+    broadcasts it: an inference role whose workers load collectively (ZeRO-3) may have workers on
+    both routes, and its colocated workers cannot finish bucket k before the broadcast ones have it.
     """
     for bucket in buckets:
-        if targets:
-            shared, buffer = share_bucket(bucket)
-            ref = ray.put(shared)
-            ray.get([target.receive_colocated_bucket.remote(ref) for target in targets])
-            totals["colocated_bytes"] += shared.nbytes * len(targets)
-            del ref, buffer  # the receivers are done with it
+        if not targets:
+            yield bucket
+            continue
+        shared, buffer = share_bucket(bucket)
+        ref = ray.put(shared)
+        loads = [target.receive_colocated_bucket.remote(ref) for target in targets]
         yield bucket
+        ray.get(loads)  # before the next bucket, and before the buffer is released
+        totals["colocated_bytes"] += shared.nbytes * len(targets)
+        del ref, buffer
