@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 
 from roll.utils.functionals import masked_mean
-from roll.utils.kl import KLKind, kl_estimate
+from roll.utils.kl import KLKind, kl_estimate, masked_kl_estimate
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
@@ -110,5 +110,5 @@ def kl_loss(
     kind: KLKind = "k3",
     agg_mode: AggMode = "token-mean",
 ) -> torch.Tensor:
-    """KL-to-reference loss term: `aggregate_loss(kl_estimate(log_probs, ref_log_probs, kind), mask, agg_mode)`."""
-    return aggregate_loss(kl_estimate(log_probs, ref_log_probs, kind), mask, agg_mode)
+    """KL-to-reference loss term: `kl_estimate` (clamped) aggregated over `mask`; masked positions contribute 0."""
+    return aggregate_loss(masked_kl_estimate(log_probs, ref_log_probs, mask, kind), mask, agg_mode)

@@ -151,14 +151,48 @@ def test_kl_controllers() -> None:
     assert adaptive.value == pytest.approx(0.100495)
 
 
+def test_kl_clamped_log_ratio_and_k3() -> None:
+    # The log-ratio d is clamped to [-20, 20], then k3 to [-10, 10]:
+    #   d = -30 -> -20 -> exp(20) - 21 ~ 4.85e8 -> 10;  d = 30 -> 20 -> exp(-20) + 19 ~ 19 -> 10;
+    #   d = -2 -> exp(2) - 3;  d = 1 -> exp(-1).  k1 and k2 see the clamped d: -20 and 200.
+    logp = t(-35.0, 25.0, -7.0, -4.0)
+    ref = t(-5.0, -5.0, -5.0, -5.0)
+    close(kl_estimate(logp, ref, "k3"), [10.0, 10.0, math.exp(2.0) - 3.0, math.exp(-1.0)])
+    close(kl_estimate(logp, ref, "k1"), [-20.0, 20.0, -2.0, 1.0])
+    close(kl_estimate(logp, ref, "k2"), [200.0, 200.0, 2.0, 0.5])
+    close(kl_estimate(t(-math.inf), t(-5.0), "k3"), [10.0])
+
+
+@pytest.mark.parametrize("masked_logp", [-100.0, -math.inf])
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "abs"])
+def test_masked_garbage_log_probs_contribute_exactly_zero(kind: str, masked_logp: float) -> None:
+    # A masked position with log-prob -100 against -5 used to give k3 = exp(95) = inf in float32, and inf * 0 = nan,
+    # even at penalty coefficient 0. In-mask tokens have d = 0 (KL 0), so the rewards and every KL are exact.
+    rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
+    ref = torch.tensor([[-1.0, -2.0, -5.0], [-1.0, -1.0, -5.0]])
+    logp = torch.tensor([[-1.0, -2.0, masked_logp], [-1.0, -1.0, masked_logp]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    for coef in (0.0, 0.1):
+        penalised, mean_kl = apply_kl_penalty(rewards, logp, ref, mask, coef=coef, kind=kind)
+        close(penalised, [[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
+        close(mean_kl, [0.0, 0.0])
+    logp.requires_grad_()
+    loss = kl_loss(logp, ref, mask, kind)
+    close(loss.detach(), 0.0)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+    close(logp.grad[:, 2], [0.0, 0.0])
+
+
 def test_apply_kl_penalty() -> None:
-    # k1 per token: [0.5, -1, 2 (masked)] and [1, 1, 1]; coef 0.1.
+    # k1 per token: [0.5, -1, 2 (masked)] and [1, 1, 1]; coef 0.1. The masked position's reward 4 is not
+    # penalised and passes unchanged (only an empty response puts its score outside the mask).
     rewards = t([0.0, 1.0, 4.0], [0.0, 0.0, 2.0])
     logp = t([-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0])
     ref = t([-1.5, -1.0, -2.0], [-2.0, -2.0, -2.0])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     penalised, mean_kl = apply_kl_penalty(rewards, logp, ref, mask, coef=0.1, kind="k1")
-    close(penalised, [[-0.05, 1.1, 0.0], [-0.1, -0.1, 1.9]])
+    close(penalised, [[-0.05, 1.1, 4.0], [-0.1, -0.1, 1.9]])
     close(mean_kl, [-0.25, 1.0])
 
 
