@@ -1,7 +1,10 @@
 """Advantage estimators over response tokens, registered by name with one uniform signature.
 
 Every estimator maps `token_rewards[B, T]` and `response_mask[B, T]` (plus the keywords of
-`AdvantageEstimator`) to `(advantages[B, T], returns[B, T])`, both zero outside the mask.
+`AdvantageEstimator`) to `(advantages[B, T], returns[B, T])`, both zero outside the mask. Token
+rewards are zero outside the mask except for an empty response, whose score sits at a masked-out
+position (`roll.pipeline.rlvr.rollout.outcome_token_rewards`): outcome estimators (grpo, rloo) count
+it in their group statistics, token-level ones (gae, reinforce_plus_plus) ignore masked positions.
 """
 
 from __future__ import annotations
@@ -46,9 +49,12 @@ def _discounted_gae(
     return advantages
 
 
-def _sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Outcome score of each sequence: the sum of its masked-in token rewards."""
-    return (token_rewards * response_mask.to(token_rewards.dtype)).sum(-1)
+def _sequence_scores(token_rewards: torch.Tensor) -> torch.Tensor:
+    """Outcome score of each sequence: the sum of its token rewards, masked out or not.
+
+    Rewards outside the mask are zero except an empty response's score, which must count in its group.
+    """
+    return token_rewards.sum(-1)
 
 
 def _require_groups(group_index: torch.Tensor | None, name: str) -> torch.Tensor:
@@ -92,7 +98,7 @@ def grpo_advantages(
 
     `norm_by_std=False` gives Dr.GRPO's `s_i - mean_g`. A group of one gets 0. Returns equal advantages.
     """
-    scores = _sequence_scores(token_rewards, response_mask)
+    scores = _sequence_scores(token_rewards)
     normalized = normalize_scores(scores, _require_groups(group_index, "grpo"), "group", eps, norm_by_std=norm_by_std)
     advantages = normalized.unsqueeze(-1) * response_mask.to(token_rewards.dtype)
     return advantages, advantages.clone()
@@ -132,7 +138,7 @@ def rloo_advantages(
 
     Returns equal advantages.
     """
-    scores = _sequence_scores(token_rewards, response_mask)
+    scores = _sequence_scores(token_rewards)
     mean, _, count = group_stats(scores, _require_groups(group_index, "rloo"))
     leave_one_out = (scores - mean) * count / (count - 1).clamp(min=1)
     advantages = leave_one_out.unsqueeze(-1) * response_mask.to(token_rewards.dtype)

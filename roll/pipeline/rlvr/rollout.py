@@ -13,11 +13,17 @@ from roll.utils.kl import apply_kl_penalty
 
 
 def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Each sequence's score on its last response token, zero elsewhere: `[B]` -> `[B, R]`."""
+    """Each sequence's score on its last response token, zero elsewhere: `[B]` -> `[B, R]`.
+
+    Keeps `token_rewards.sum(-1) == scores` for every row: an empty response (no token in its mask)
+    gets its score at position 0 although that position is masked out. Outcome estimators (grpo,
+    rloo) sum a row's token rewards, so its score still counts in its group's statistics; token-level
+    estimators (gae, reinforce_plus_plus) skip masked positions, and the row has no token to train.
+    """
     token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
     last = (response_mask.sum(-1) - 1).clamp(min=0)
     token_rewards[torch.arange(len(scores)), last] = scores.float()
-    return token_rewards * response_mask
+    return token_rewards
 
 
 def compute_advantages(
