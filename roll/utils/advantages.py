@@ -49,6 +49,18 @@ def _discounted_gae(
     return advantages
 
 
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`(x - mean) / sqrt(var + eps)` over the masked-in entries (unbiased variance), 0 outside the mask.
+
+    The epsilon sits inside the square root, as in verl: nearly equal values (var ~ rounding noise)
+    stay near 0 instead of being blown up to +-1 as dividing by `std + eps` would do.
+    """
+    mask = mask.to(values.dtype)
+    centered = (values - masked_mean(values, mask)) * mask
+    var = (centered**2).sum() / (mask.sum() - 1).clamp(min=1)
+    return centered * torch.rsqrt(var + eps)
+
+
 def _sequence_scores(token_rewards: torch.Tensor) -> torch.Tensor:
     """Outcome score of each sequence: the sum of its token rewards, masked out or not.
 
@@ -113,16 +125,14 @@ def reinforce_plus_plus_advantages(
     gamma: float = 1.0,
     lam: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: returns `G_t = r_t + γ G_{t+1}`; advantages `(G - mean) / (std + 1e-8)` over all masked tokens.
+    """REINFORCE++: returns `G_t = r_t + γ G_{t+1}`; advantages `(G - mean) / sqrt(var + 1e-8)` over all masked tokens.
 
-    Mean and unbiased std are taken over every masked-in token of the batch.
+    Mean and unbiased variance are taken over every masked-in token of the batch (`masked_whiten`).
     """
     mask = response_mask.to(token_rewards.dtype)
     # Return-to-go is GAE with a zero critic and λ = 1.
     returns = _discounted_gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma, 1.0)
-    centered = (returns - masked_mean(returns, mask)) * mask
-    std = ((centered**2).sum() / (mask.sum() - 1).clamp(min=1)).sqrt()
-    return centered / (std + 1e-8), returns
+    return masked_whiten(returns, mask), returns
 
 
 def rloo_advantages(

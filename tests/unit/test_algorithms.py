@@ -109,6 +109,14 @@ def test_reinforce_plus_plus_return_to_go_then_whitened() -> None:
     close(adv[mask.bool()].sum(), 0.0)
 
 
+def test_reinforce_plus_plus_nearly_equal_returns_give_near_zero_advantages() -> None:
+    # Returns 1 and 1 + 2e-7 (rounding noise): mean 1 + 1e-7, deviations -+1e-7, unbiased var 2e-14.
+    # A variance epsilon keeps the noise small: -+1e-7 / sqrt(1e-8 + 2e-14) = -+1e-3 (to 1e-9), where
+    # dividing by std + 1e-8 would give -+1e-7 / (1.41e-7 + 1e-8) = -+0.66.
+    adv, _ = get_advantage_estimator("reinforce_plus_plus")(t([1.0], [1.0 + 2e-7]), torch.ones(2, 1))
+    close(adv, [[-1e-3], [1e-3]], atol=1e-8)
+
+
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_estimators_zero_outside_mask(name: str) -> None:
     torch.manual_seed(0)
