@@ -33,7 +33,8 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> It
 
     Without `gather` (parameters whole) the tensors are the parameters' own data, valid until the
     model next changes; with it they are copies made while their group was gathered. For a PEFT
-    model the adapter weights are folded into their base layers (`W + scaling * B @ A`),
+    model the adapter weights are folded into their base layers (`W + scaling * B @ A`, the delta
+    transposed for layers with LoRA's `fan_in_fan_out`, which store `[in, out]` weights),
     full-trained heads (`modules_to_save`) replace the originals, and the PEFT name prefixes are
     removed.
     """
@@ -64,6 +65,9 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> It
             lora_a, lora_b = owner.lora_A[adapter].weight, owner.lora_B[adapter].weight
             with gather([param, lora_a, lora_b]):
                 delta = (lora_b.data.float() @ lora_a.data.float()) * owner.scaling[adapter]
+                if getattr(owner, "fan_in_fan_out", False):
+                    # Conv1D-style layers (GPT-2) store their weight as [in, out]; B @ A is [out, in].
+                    delta = delta.T
                 yield f"{owner_name}.weight", (param.data.float() + delta).to(param.dtype)
             continue
         with gather([param]):

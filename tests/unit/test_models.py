@@ -176,3 +176,29 @@ def test_dtype_from_name_rejects_unknown_names() -> None:
     assert dtype_from_name("bf16") == torch.bfloat16
     with pytest.raises(ValueError, match="fp32"):
         dtype_from_name("float64")
+
+
+def test_lora_merge_honours_fan_in_fan_out() -> None:
+    # GPT-2's Conv1D layers store their weight as [in, out], so peft's delta B @ A ([out, in]) is added transposed.
+    # The attention output projection c_proj is square (8 x 8): a missing transpose would keep the shape but be wrong.
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from roll.models.hf_weights import hf_named_weights
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=8, n_layer=1, n_head=2, n_positions=16, vocab_size=32)
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["attn.c_proj"], fan_in_fan_out=True)
+    model = get_peft_model(GPT2LMHeadModel(config), lora)
+    layer = model.base_model.model.transformer.h[0].attn.c_proj
+    torch.nn.init.normal_(layer.lora_B["default"].weight)
+    base = layer.base_layer.weight.detach().clone()
+    a, b = layer.lora_A["default"].weight.detach(), layer.lora_B["default"].weight.detach()
+    merged = {name: tensor.clone() for name, tensor in hf_named_weights(model)}
+    # scaling = lora_alpha / r = 2.
+    expected = base + 2.0 * (b @ a).T
+    assert not torch.allclose(expected, base + 2.0 * (b @ a), atol=1e-3)
+    torch.testing.assert_close(merged["transformer.h.0.attn.c_proj.weight"], expected)
+    reference = model.merge_and_unload().state_dict()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(tensor, reference[name], msg=name)
