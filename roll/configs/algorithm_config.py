@@ -8,10 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from roll.configs.schema import ConfigError
+
 
 @dataclass
 class AlgorithmArguments:
-    """Advantages, KL, PPO loss and reward shaping."""
+    """Advantages, KL, PPO loss and reward shaping.
+
+    The adaptive KL controller (`adaptive_kl_target`) scales `kl_penalty_coef`, so it needs a positive start value.
+    """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
     gamma: float = 1.0
@@ -33,6 +38,16 @@ class AlgorithmArguments:
     reward_norm: Literal["none", "group", "batch"] = "none"
     reward_clip: float | None = None
     dynamic_sampling: bool = False
+
+    def __post_init__(self) -> None:
+        """Reject combinations that cannot work, naming the field to change."""
+        if self.adaptive_kl_target is not None and self.kl_penalty_coef <= 0:
+            raise ConfigError(
+                f"algorithm.kl_penalty_coef={self.kl_penalty_coef} with "
+                f"algorithm.adaptive_kl_target={self.adaptive_kl_target}: the adaptive controller multiplies the "
+                "coefficient, so it would never leave 0; set algorithm.kl_penalty_coef to a positive start value "
+                "(e.g. 0.001) or drop algorithm.adaptive_kl_target"
+            )
 
     @property
     def needs_reference(self) -> bool:

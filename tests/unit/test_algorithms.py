@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.schema import ConfigError
 from roll.utils.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator
 from roll.utils.functionals import group_stats
 from roll.utils.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
@@ -157,6 +159,13 @@ def test_kl_controllers() -> None:
     assert adaptive.value == pytest.approx(0.101)
     adaptive.update(current_kl=5.4, n_steps=500)
     assert adaptive.value == pytest.approx(0.100495)
+
+
+def test_adaptive_kl_needs_a_positive_start_coefficient() -> None:
+    # The adaptive update multiplies the coefficient, so a start at 0 would stay 0 forever.
+    AlgorithmArguments(adaptive_kl_target=6.0, kl_penalty_coef=0.05)
+    with pytest.raises(ConfigError, match=r"algorithm\.kl_penalty_coef=0.*algorithm\.adaptive_kl_target"):
+        AlgorithmArguments(adaptive_kl_target=6.0, kl_penalty_coef=0.0)
 
 
 def test_kl_clamped_log_ratio_and_k3() -> None:
