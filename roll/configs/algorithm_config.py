@@ -10,12 +10,16 @@ from typing import Literal
 
 from roll.configs.schema import ConfigError
 
+KLKind = Literal["k1", "k2", "k3", "abs"]
+
 
 @dataclass
 class AlgorithmArguments:
     """Advantages, KL, PPO loss and reward shaping.
 
-    The adaptive KL controller (`adaptive_kl_target`) scales `kl_penalty_coef`, so it needs a positive start value.
+    `kl_loss_kind` is the estimator of the KL loss (`use_kl_loss`, `kl_loss_coef`), `kl_penalty_kind` that of
+    the KL reward penalty (`kl_penalty_coef`, `adaptive_kl_target`); the adaptive controller scales
+    `kl_penalty_coef`, so it needs a positive start value.
     """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
@@ -29,7 +33,8 @@ class AlgorithmArguments:
     value_clip: float | None = 0.5
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     entropy_coef: float = 0.0
-    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    kl_loss_kind: KLKind = "k3"
+    kl_penalty_kind: KLKind = "k3"
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_penalty_coef: float = 0.0

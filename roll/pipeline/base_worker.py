@@ -108,7 +108,7 @@ class ActorWorker(StrategyWorker):
                 metrics["entropy"] = entropy.detach()
             if algorithm.use_kl_loss:
                 kl = ppo_losses.kl_loss(
-                    log_probs, data["ref_log_probs"], mask, algorithm.kl_kind, algorithm.loss_agg_mode
+                    log_probs, data["ref_log_probs"], mask, algorithm.kl_loss_kind, algorithm.loss_agg_mode
                 )
                 loss = loss + algorithm.kl_loss_coef * kl
                 metrics["kl_loss"] = kl.detach()

@@ -40,7 +40,7 @@ def compute_advantages(
     if "ref_log_probs" in data:
         penalty_coef = kl_coef if algorithm.kl_penalty_coef > 0 or algorithm.adaptive_kl_target else 0.0
         token_rewards, sequence_kl = apply_kl_penalty(
-            token_rewards, data["old_log_probs"], data["ref_log_probs"], mask, penalty_coef, algorithm.kl_kind
+            token_rewards, data["old_log_probs"], data["ref_log_probs"], mask, penalty_coef, algorithm.kl_penalty_kind
         )
         metrics["actor/kl"] = sequence_kl.mean().item()
         metrics["actor/kl_coef"] = penalty_coef
