@@ -17,15 +17,18 @@ KLKind = Literal["k1", "k2", "k3", "abs"]
 class AlgorithmArguments:
     """Advantages, KL, PPO loss and reward shaping.
 
-    `kl_loss_kind` is the estimator of the KL loss (`use_kl_loss`, `kl_loss_coef`), `kl_penalty_kind` that of
-    the KL reward penalty (`kl_penalty_coef`, `adaptive_kl_target`); the adaptive controller scales
-    `kl_penalty_coef`, so it needs a positive start value.
+    `whiten_advantages` (gae only): whiten the GAE advantages over the batch's response tokens (mean 0,
+    unit variance) before the PPO loss, as PPO implementations commonly do; the critic's value targets
+    stay unwhitened. `kl_loss_kind` is the estimator of the KL loss (`use_kl_loss`, `kl_loss_coef`),
+    `kl_penalty_kind` that of the KL reward penalty (`kl_penalty_coef`, `adaptive_kl_target`); the
+    adaptive controller scales `kl_penalty_coef`, so it needs a positive start value.
     """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
     gamma: float = 1.0
     lam: float = 0.95
     norm_adv_by_std: bool = True
+    whiten_advantages: bool = False
     ppo_epochs: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -52,6 +55,11 @@ class AlgorithmArguments:
                 f"algorithm.adaptive_kl_target={self.adaptive_kl_target}: the adaptive controller multiplies the "
                 "coefficient, so it would never leave 0; set algorithm.kl_penalty_coef to a positive start value "
                 "(e.g. 0.001) or drop algorithm.adaptive_kl_target"
+            )
+        if self.whiten_advantages and self.adv_estimator != "gae":
+            raise ConfigError(
+                f"algorithm.whiten_advantages applies to adv_estimator=gae only, not {self.adv_estimator!r} "
+                "(grpo and rloo normalise per group, reinforce_plus_plus already whitens); set it to false"
             )
 
     @property

@@ -83,15 +83,19 @@ def gae_advantages(
     group_index: torch.Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE: `A_t = δ_t + γλ A_{t+1}`, `δ_t = r_t + γ V_{t+1} - V_t` over masked-in tokens (V after the last = 0).
 
-    Returns `A + V` as the value targets.
+    Returns `A + V` as the value targets. `whiten=True` then whitens the advantages over all masked-in
+    tokens of the batch (`masked_whiten`: mean 0, unit variance); the value targets stay unwhitened.
     """
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values")
     advantages = _discounted_gae(token_rewards, values, response_mask, gamma, lam)
     returns = (advantages + values) * response_mask.to(values.dtype)
+    if whiten:
+        advantages = masked_whiten(advantages, response_mask)
     return advantages, returns
 
 

@@ -119,6 +119,28 @@ def test_reinforce_plus_plus_nearly_equal_returns_give_near_zero_advantages() ->
     close(adv, [[-1e-3], [1e-3]], atol=1e-8)
 
 
+def test_gae_whitened_over_masked_tokens() -> None:
+    # gamma = lam = 1, V = 0: A = return-to-go. Row 0: r = [0, 1, pad 9] -> A = [1, 1]; row 1: [0, 0, 3] -> [3, 3, 3].
+    # Tokens {1, 1, 3, 3, 3}: mean 2.2, squared deviations 2 * 1.44 + 3 * 0.64 = 4.8, unbiased var 1.2, so
+    # -1.2 -> -1.2 / sqrt(1.2) = -sqrt(1.2) and 0.8 -> 0.8 / sqrt(1.2). Returns stay A + V (not whitened).
+    rewards = t([0.0, 1.0, 9.0], [0.0, 0.0, 3.0])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    gae = get_advantage_estimator("gae")
+    adv, ret = gae(rewards, mask, values=torch.zeros_like(rewards), gamma=1.0, lam=1.0, whiten=True)
+    low, high = -math.sqrt(1.2), 0.8 / math.sqrt(1.2)
+    close(adv, [[low, low, 0.0], [high, high, high]])
+    close(ret, [[1.0, 1.0, 0.0], [3.0, 3.0, 3.0]])
+    plain, _ = gae(rewards, mask, values=torch.zeros_like(rewards), gamma=1.0, lam=1.0)
+    close(plain, [[1.0, 1.0, 0.0], [3.0, 3.0, 3.0]])
+
+
+def test_whiten_advantages_is_for_gae_only() -> None:
+    assert not AlgorithmArguments().whiten_advantages
+    AlgorithmArguments(adv_estimator="gae", whiten_advantages=True)
+    with pytest.raises(ConfigError, match=r"algorithm\.whiten_advantages.*gae"):
+        AlgorithmArguments(adv_estimator="grpo", whiten_advantages=True)
+
+
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_estimators_zero_outside_mask(name: str) -> None:
     torch.manual_seed(0)

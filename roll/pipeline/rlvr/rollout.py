@@ -45,7 +45,10 @@ def compute_advantages(
         metrics["actor/kl"] = sequence_kl.mean().item()
         metrics["actor/kl_coef"] = penalty_coef
     estimator = get_advantage_estimator(algorithm.adv_estimator)
-    extra = {"norm_by_std": algorithm.norm_adv_by_std} if algorithm.adv_estimator == "grpo" else {}
+    extra = {
+        "grpo": {"norm_by_std": algorithm.norm_adv_by_std},
+        "gae": {"whiten": algorithm.whiten_advantages},
+    }.get(algorithm.adv_estimator, {})
     advantages, returns = estimator(
         token_rewards,
         mask,
