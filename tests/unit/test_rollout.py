@@ -10,9 +10,15 @@ import pytest
 import torch
 
 from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.worker_config import TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.base_worker import ActorWorker
-from roll.pipeline.rlvr.rollout import compute_advantages, outcome_token_rewards
+from roll.pipeline.rlvr.rollout import (
+    compute_advantages,
+    consumer_row_multiple,
+    keep_informative_groups,
+    outcome_token_rewards,
+)
 
 
 def close(actual: torch.Tensor, expected: object, atol: float = 1e-6) -> None:
@@ -104,3 +110,51 @@ def test_actor_kl_loss_uses_kl_loss_kind(kind: str) -> None:
     worker = SimpleNamespace(strategy=_OneStepStrategy(), compute_seconds=0.0)
     metrics = ActorWorker.train_step(worker, batch, algorithm)
     assert metrics["kl_loss"] == pytest.approx(1.0 if kind == "k1" else math.exp(-1.0))
+
+
+# --- dynamic sampling -------------------------------------------------------------------------------------
+
+
+def _role(world_size: int, micro: int = 1, accumulation: int = 1) -> WorkerConfig:
+    args = TrainingArguments(per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation)
+    return WorkerConfig(world_size=world_size, training_args=args)
+
+
+def _grouped_batch(group_scores: list[list[float]]) -> tuple[DataProto, torch.Tensor]:
+    scores = torch.tensor([s for group in group_scores for s in group])
+    group_index = torch.arange(len(group_scores)).repeat_interleave(len(group_scores[0]))
+    return DataProto.from_dict(tensors={"scores": scores, "row": torch.arange(len(scores))}), group_index
+
+
+def test_consumer_row_multiple() -> None:
+    # actor_train: micro 2 x accumulation 2 x dp 1 = 4 rows per optimizer step; reference dp 2; critic dp 3
+    # with micro 1 x accumulation 1 -> 3 rows per step. lcm(4, 2, 3) = 12.
+    assert consumer_row_multiple([_role(1, 2, 2)], []) == 4
+    assert consumer_row_multiple([_role(1, 2, 2), _role(3)], [_role(2)]) == 12
+    assert consumer_row_multiple([_role(2, 1, 1)], [_role(4)]) == 4
+
+
+def test_dynamic_sampling_keeps_whole_optimizer_steps_of_whole_groups() -> None:
+    # 4 prompts x 3 samples, 4 rows per optimizer step, group 2 constant: 9 informative rows. A multiple of
+    # both 4 and 3 is needed (12), so nothing is kept rather than a batch the update would reject.
+    batch, group_index = _grouped_batch([[1, 0, 0], [0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    kept, kept_index, metrics = keep_informative_groups(batch, group_index, 4)
+    assert len(kept) == 0 and len(kept_index) == 0
+    assert metrics["rollout/informative_groups"] == 3.0
+    assert metrics["rollout/kept_fraction"] == 0.0
+    # 8 prompts x 3 with group 2 constant: 7 informative groups, 4 of them (12 rows) kept, from the front.
+    batch, group_index = _grouped_batch([[1, 0, 0], [0, 1, 1], [1, 1, 1], *[[0, 0, 1]] * 5])
+    kept, kept_index, metrics = keep_informative_groups(batch, group_index, 4)
+    assert kept.batch["row"].tolist() == [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14]
+    assert kept_index.tolist() == [0, 0, 0, 1, 1, 1, 3, 3, 3, 4, 4, 4]
+    assert metrics["rollout/kept_fraction"] == pytest.approx(0.5)
+
+
+def test_dynamic_sampling_respects_a_reference_dp_size() -> None:
+    # Groups of 3, actor_train 2 rows per step (dp 2), reference dp 4: the multiple is lcm(2, 4, 3) = 12, i.e.
+    # 4 groups. Six informative groups (18 rows, which 4 reference ranks cannot split) -> the first four kept.
+    batch, group_index = _grouped_batch([[0, 1, 1], [1, 1, 1], *[[1, 0, 0]] * 6])
+    multiple = consumer_row_multiple([_role(2)], [_role(4)])
+    kept, kept_index, _ = keep_informative_groups(batch, group_index, multiple)
+    assert kept_index.tolist() == [0, 0, 0, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert kept.batch["row"].tolist() == [0, 1, 2, *range(6, 15)]

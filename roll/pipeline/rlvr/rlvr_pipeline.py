@@ -21,7 +21,7 @@ from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.evaluation import greedy_accuracy
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
-from roll.pipeline.rlvr.rollout import compute_advantages, keep_informative_groups
+from roll.pipeline.rlvr.rollout import compute_advantages, consumer_row_multiple, keep_informative_groups
 from roll.utils.kl import AdaptiveKLController, FixedKLController
 from roll.utils.reward_processing import group_index_from_repeat
 from roll.utils.tracking import MetricsTracker
@@ -134,11 +134,10 @@ class RLVRPipeline(BasePipeline):
         self._log_samples(batch, step)
 
         if config.algorithm.dynamic_sampling:
-            args = config.actor_train.training_args
-            rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-            batch, group_index, kept = keep_informative_groups(
-                batch, group_index, rows_per_step * config.actor_train.dp_size
-            )
+            trainers = [config.actor_train] + ([config.critic] if "critic" in clusters else [])
+            forward_roles = [config.reference] if "reference" in clusters else []
+            row_multiple = consumer_row_multiple(trainers, forward_roles)
+            batch, group_index, kept = keep_informative_groups(batch, group_index, row_multiple)
             metrics.update(kept)
             if len(batch) == 0:
                 return metrics | timings

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 import torch
 
 from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.utils import reward_processing
 from roll.utils.advantages import get_advantage_estimator
@@ -64,19 +68,33 @@ def compute_advantages(
     return batch.union(added), metrics
 
 
+def consumer_row_multiple(trainers: Iterable[WorkerConfig], forward_roles: Iterable[WorkerConfig]) -> int:
+    """The row count a step's batch must be a multiple of for every role that takes it.
+
+    A training role needs whole optimizer steps on each rank (per_device_train_batch_size x
+    gradient_accumulation_steps x dp size); a forward-only role (reference) needs its dp size.
+    """
+    multiples = [role.dp_size for role in forward_roles]
+    for role in trainers:
+        args = role.training_args
+        multiples.append(args.per_device_train_batch_size * args.gradient_accumulation_steps * role.dp_size)
+    return math.lcm(*multiples)
+
+
 def keep_informative_groups(
-    batch: DataProto, group_index: torch.Tensor, rows_per_step: int
+    batch: DataProto, group_index: torch.Tensor, row_multiple: int
 ) -> tuple[DataProto, torch.Tensor, dict[str, float]]:
     """Dynamic sampling: drop groups whose samples all scored the same (they carry no GRPO signal).
 
-    The kept rows are cut to a whole number of optimizer steps (`rows_per_step`), dropping whole
-    groups from the end, so every data-parallel rank gets full micro-batches. May return no rows.
+    The kept rows are cut to a multiple of both `row_multiple` (see `consumer_row_multiple`) and the
+    group size, dropping whole informative groups from the end, so every role accepts the batch and
+    no group is split. May return no rows.
     """
     keep = reward_processing.dynamic_sampling_keep(batch.batch["scores"], group_index)
     kept_groups = torch.unique_consecutive(group_index[keep])
     group_size = int((group_index == group_index[0]).sum())
-    groups_per_step = max(1, rows_per_step // group_size)
-    usable = (len(kept_groups) // groups_per_step) * groups_per_step
+    groups_per_unit = math.lcm(row_multiple, group_size) // group_size
+    usable = (len(kept_groups) // groups_per_unit) * groups_per_unit
     chosen = torch.isin(group_index, kept_groups[:usable])
     indices = torch.nonzero(chosen).squeeze(-1)
     metrics = {
