@@ -30,7 +30,7 @@ def schema_defaults(schema: type, instance: Any = None) -> dict[str, Any]:
         if not f.init:
             continue
         value = getattr(instance, f.name)
-        nested = _dataclass_in(hints[f.name])
+        nested = dataclass_in(hints[f.name])
         if nested is None:
             defaults[f.name] = _plain(value)
         else:
@@ -49,7 +49,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _dataclass_in(tp: Any) -> type | None:
+def dataclass_in(tp: Any) -> type | None:
+    """The dataclass type `tp` names, directly or as an option of a union (`X | None`), else None."""
     if dataclasses.is_dataclass(tp):
         return tp
     if typing.get_origin(tp) in (Union, types.UnionType):

@@ -1,4 +1,8 @@
-"""Schemas of one role (worker cluster): its model, strategy, training and generation arguments."""
+"""Schemas of one role (worker cluster): its model, strategy, training and generation arguments.
+
+Every field declares the values it accepts (`roll.configs.schema.Rule`); relations between fields are
+checked by the pipeline config's `validate()`.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,35 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll.configs.device_mapping import parse_device_mapping
-from roll.configs.schema import ConfigError
+from roll.configs.schema import DOTTED_PATH, SEED, ConfigError, Rule, any_value, check, checked_in_validate
 
 Dtype = Literal["fp32", "bf16", "fp16"]
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+NAME = Rule(nonempty=True, expect="a non-empty name")
+# Empty until a role sets it (resolve() then demands it).
+WORKER_CLS = Rule(pattern=f"({DOTTED_PATH.pattern})?", expect=DOTTED_PATH.expect)
 
 
 @dataclass
 class ModelArguments:
     """Where a role's model comes from and how it is loaded; `lora_rank` > 0 trains LoRA adapters only."""
 
-    model_name_or_path: str = ""
+    model_name_or_path: str = field(
+        default="",
+        metadata=checked_in_validate(
+            "a local Hugging Face directory or a tiny:// reference: whether it exists and parses is the filesystem's",
+            bad="/no/such/model/directory",
+        ),
+    )
     dtype: Dtype = "bf16"
-    attn_implementation: str = "sdpa"
-    lora_rank: int = 0
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    attn_implementation: str = field(default="sdpa", metadata=check(choices=ATTENTION_IMPLEMENTATIONS))
+    lora_rank: int = field(default=0, metadata=check(ge=0, hint="0 trains the full model"))
+    lora_alpha: int = field(default=16, metadata=check(gt=0))
+    lora_dropout: float = field(default=0.0, metadata=check(ge=0, lt=1))
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata=check(nonempty=True, items=NAME, expect="the names of the modules LoRA adapts, e.g. [q_proj, v_proj]"),
+    )
 
 
 @dataclass
@@ -32,45 +49,62 @@ class StrategyArguments:
     `examples/config/deepspeed_zero*.yaml` define and a role references with `${deepspeed_zero3}`).
     """
 
-    strategy_name: str = "hf_infer"
-    strategy_config: dict[str, Any] = field(default_factory=dict)
+    strategy_name: str = field(
+        default="hf_infer",
+        metadata=checked_in_validate("one of the registered backends, which live above the config layer", "hf_infre"),
+    )
+    strategy_config: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=checked_in_validate("the backend's check_config checks its own block", {"train_batch_size": 3}),
+    )
     # Where a colocated role's states go while other roles use its devices: host memory, or files
     # under offload_dir ("nvme") so that host memory is freed too.
     offload_device: Literal["cpu", "nvme"] = "cpu"
-    offload_dir: str = ""
+    offload_dir: str = field(
+        default="",
+        metadata=any_value("any directory (created on first use); validate() requires one when offload_device=nvme"),
+    )
 
 
 @dataclass
 class TrainingArguments:
     """Optimisation settings of a training role."""
 
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
+    learning_rate: float = field(default=1e-5, metadata=check(gt=0, le=1))
+    weight_decay: float = field(default=0.0, metadata=check(ge=0))
+    adam_beta1: float = field(default=0.9, metadata=check(ge=0, lt=1))
+    adam_beta2: float = field(default=0.999, metadata=check(ge=0, lt=1))
+    adam_epsilon: float = field(default=1e-8, metadata=check(gt=0))
+    per_device_train_batch_size: int = field(default=1, metadata=check(ge=1))
+    gradient_accumulation_steps: int = field(default=1, metadata=check(ge=1))
+    max_grad_norm: float = field(default=1.0, metadata=check(ge=0, hint="0 turns gradient clipping off"))
+    warmup_steps: int = field(default=0, metadata=check(ge=0))
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
-    max_steps: int = 0  # optimizer steps the schedule spans; linear and cosine need it
-    seed: int = 42
+    # Optimizer steps the schedule spans; linear and cosine need it.
+    max_steps: int = field(default=0, metadata=check(ge=0, hint="0 is only for the constant schedule"))
+    seed: int = field(default=42, metadata=check(SEED))
     gradient_checkpointing: bool = False
 
 
 @dataclass
 class GeneratingArguments:
-    """Sampling settings of a generating role."""
+    """Sampling settings of a generating role.
 
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    num_return_sequences: int = 1
+    Greedy decoding is `do_sample=false`. Sampling at temperature 0 or with top_k=1 is greedy in
+    disguise: the pipeline config's `validate()` refuses it, naming that fix, rather than leave it
+    to an engine to reject or reinterpret.
+    """
+
+    max_new_tokens: int = field(default=64, metadata=check(ge=1))
+    temperature: float = field(default=1.0, metadata=check(ge=0, hint="for greedy decoding set do_sample=false"))
+    top_p: float = field(default=1.0, metadata=check(gt=0, le=1, hint="1 turns nucleus sampling off"))
+    top_k: int = field(default=-1, metadata=check(ge=-1, hint="-1 or 0 turns top-k sampling off"))
+    num_return_sequences: int = field(default=1, metadata=check(ge=1))
     do_sample: bool = True
-    stop_strings: list[str] = field(default_factory=list)
-    seed: int | None = None
+    stop_strings: list[str] = field(
+        default_factory=list, metadata=check(items=Rule(nonempty=True, expect="a non-empty stop string"))
+    )
+    seed: int | None = field(default=None, metadata=check(SEED))
 
 
 @dataclass
@@ -82,17 +116,25 @@ class WorkerConfig:
     gives `world_size` instead and is placed wherever Ray finds room.
     """
 
-    worker_cls: str = ""
-    device_mapping: str | int | list[int] | None = None
-    world_size: int | None = None
-    num_devices_per_worker: int = 1
-    num_cpus_per_worker: float = 1.0
-    infer_batch_size: int = 8
+    worker_cls: str = field(default="", metadata=check(WORKER_CLS))
+    device_mapping: str | int | list[int] | None = field(
+        default=None, metadata=check(parse=parse_device_mapping, bad="3-1")
+    )
+    world_size: int | None = field(default=None, metadata=check(ge=1))
+    num_devices_per_worker: int = field(default=1, metadata=check(ge=1))
+    num_cpus_per_worker: float = field(default=1.0, metadata=check(gt=0))
+    infer_batch_size: int = field(default=8, metadata=check(ge=1, hint="rows per forward or generation micro-batch"))
     model_args: ModelArguments = field(default_factory=ModelArguments)
     strategy_args: StrategyArguments | None = None
     training_args: TrainingArguments = field(default_factory=TrainingArguments)
     generating_args: GeneratingArguments = field(default_factory=GeneratingArguments)
-    env_vars: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(
+        default_factory=dict,
+        metadata=check(
+            keys=Rule(pattern=r"[A-Za-z_][A-Za-z0-9_]*", expect="an environment variable name"),
+            bad={"NOT A NAME": "1"},
+        ),
+    )
     name: str = field(default="", init=False)
     devices: list[int] = field(default_factory=list, init=False)
 
@@ -104,15 +146,13 @@ class WorkerConfig:
         self.name = name
         if not self.worker_cls:
             raise ConfigError(f"{name}.worker_cls is empty: set it to the dotted path of a Worker class")
-        if self.num_devices_per_worker < 1:
-            raise ConfigError(f"{name}.num_devices_per_worker must be at least 1")
         if self.device_mapping is None:
             self._resolve_world_size_only(name)
         else:
             self._resolve_devices(name, total_devices)
 
     def _resolve_world_size_only(self, name: str) -> None:
-        if self.world_size is None or self.world_size < 1:
+        if self.world_size is None:
             raise ConfigError(f"{name} needs a device_mapping (e.g. {name}.device_mapping=0-1) or a world_size")
         self.devices = []
 

@@ -1,15 +1,35 @@
-"""The pipeline base config: cluster shape, Ray connection, output, and the roles it declares."""
+"""The pipeline base config: cluster shape, Ray connection, output, and the roles it declares.
+
+`validate()` checks what single fields cannot: relations between fields, and what the config points
+at (worker classes, model directories, data files, the machine's memory), all before Ray starts.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from roll.configs.schema import ConfigError
+import psutil
+
+from roll.configs.data_config import DataArguments
+from roll.configs.model_dir import ModelFacts, read_model_dir
+from roll.configs.schema import SEED, ConfigError, Rule, check
 from roll.configs.worker_config import WorkerConfig
-from roll.distributed.strategy.registry import check_strategy_args
+from roll.datasets.arithmetic import Problem, arithmetic_problems
+from roll.datasets.prompt_dataset import load_problems
+from roll.distributed.executor.cluster import resolve_worker_cls
+from roll.distributed.strategy.engine_strategy import EngineStrategy
+from roll.distributed.strategy.registry import check_strategy_args, strategy_class
+from roll.models.tiny import resolve_model_path
+
+# Used as a directory name under output_dir.
+EXP_NAME = Rule(pattern=r"\w[\w.-]*", expect="a directory name of letters, digits, '_', '.' and '-'")
 
 
 @dataclass
@@ -21,15 +41,27 @@ class PipelineConfig:
     into slots).
     """
 
-    exp_name: str = "roll"
-    seed: int = 42
-    output_dir: str = "./output"
+    exp_name: str = field(default="roll", metadata=check(EXP_NAME))
+    seed: int = field(default=42, metadata=check(SEED))
+    output_dir: str = field(
+        default="./output", metadata=check(nonempty=True, expect="a directory for logs, checkpoints and exports")
+    )
     platform: Literal["auto", "cpu", "cuda", "rocm", "npu"] = "auto"
-    num_nodes: int = 1
-    devices_per_node: int | None = None
-    cpus_per_device: int = 1
-    ray_address: str | None = None
-    ray_namespace: str = "roll"
+    num_nodes: int = field(default=1, metadata=check(ge=1))
+    devices_per_node: int | None = field(
+        default=None, metadata=check(ge=1, hint="leave it unset to use what this machine has")
+    )
+    cpus_per_device: int = field(default=1, metadata=check(ge=1))
+    ray_address: str | None = field(
+        default=None,
+        metadata=check(
+            pattern=r"auto|local|(ray://)?([^\s:/]+|\[[0-9A-Fa-f:]+\]):\d+",
+            expect="a Ray address: auto, host:port or ray://host:port",
+        ),
+    )
+    ray_namespace: str = field(
+        default="roll", metadata=check(pattern=r"[\w.-]+", expect="a name of letters, digits, '_', '.' and '-'")
+    )
 
     @property
     def total_devices(self) -> int:
@@ -57,15 +89,16 @@ class PipelineConfig:
 
         if self.platform == "auto":
             self.platform = detect_platform().name
-        if self.num_nodes < 1 or self.cpus_per_device < 1:
-            raise ConfigError("num_nodes and cpus_per_device must be at least 1")
         if self.devices_per_node is None:
             self.devices_per_node = self._local_device_count()
-        if self.devices_per_node < 1:
-            raise ConfigError(f"devices_per_node={self.devices_per_node} must be at least 1")
         for name, role in self.roles().items():
             role.resolve(name, self.total_devices)
             self._check_worker_fits_a_node(role)
+            try:
+                resolve_worker_cls(role.worker_cls)
+            except ValueError as exc:  # its message starts with "worker_cls"
+                raise ConfigError(f"{name}.{exc}") from exc
+            check_role_arguments(role)
             check_strategy_args(role)
 
     def _local_device_count(self) -> int:
@@ -93,3 +126,121 @@ class PipelineConfig:
                 f"{field_name}={value} does not divide by {role.name}'s data-parallel size {role.dp_size}; "
                 f"set {field_name} to a multiple of {role.dp_size} or change {role.name}.device_mapping"
             )
+
+    def check_models(self, roles: Iterable[WorkerConfig]) -> dict[str, ModelFacts]:
+        """Each role's model directory exists and parses (tiny:// references are built); its sizes by role name."""
+        by_path: dict[str, ModelFacts] = {}
+        facts: dict[str, ModelFacts] = {}
+        for role in roles:
+            field_name, value = f"{role.name}.model_args.model_name_or_path", role.model_args.model_name_or_path
+            if not value:
+                raise ConfigError(
+                    f"{field_name} is empty: set it to a local Hugging Face model directory or a tiny:// reference "
+                    "such as tiny://qwen2"
+                )
+            try:
+                path = resolve_model_path(value)
+            except ValueError as exc:
+                raise ConfigError(f"{field_name}: {exc}") from exc
+            if path not in by_path:
+                by_path[path] = read_model_dir(path, field_name, value)
+            facts[role.name] = by_path[path]
+        return facts
+
+    def check_lengths(self, facts: dict[str, ModelFacts], tokens: int, spelled_out: str) -> None:
+        """A sequence of `tokens` (prompt and response, `spelled_out` by field) fits every model's positions."""
+        for name, model in facts.items():
+            if model.max_positions is not None and tokens > model.max_positions:
+                raise ConfigError(
+                    f"{spelled_out} = {tokens} tokens is more than {name}.model_args.model_name_or_path's "
+                    f"max_position_embeddings={model.max_positions}; lower them"
+                )
+
+    def check_data(self, data: DataArguments, batch_size: int, batch_field: str) -> tuple[list[Problem], list[Problem]]:
+        """The data files exist and parse, and training holds one batch of `batch_field`; return (train, eval)."""
+        problems: dict[str, list[Problem]] = {}
+        for key in ("train_file", "eval_file"):
+            path = getattr(data, key)
+            if not path:
+                continue
+            if not Path(path).is_file():
+                raise ConfigError(f"data.{key}={path!r}: no such file ({Path(path).resolve()})")
+            try:
+                problems[key] = load_problems(path)
+            except ValueError as exc:
+                raise ConfigError(f"data.{key}: {exc}") from exc
+        if len(problems) == 1:
+            given, missing = ("train_file", "eval_file") if "train_file" in problems else ("eval_file", "train_file")
+            raise ConfigError(
+                f"data.{missing} is empty but data.{given} is set: give both, "
+                "or neither for the built-in arithmetic task"
+            )
+        train, held_out = (
+            (problems["train_file"], problems["eval_file"]) if problems else arithmetic_problems(seed=data.task_seed)
+        )
+        if batch_size > len(train):
+            source = f"data.train_file={data.train_file!r}" if data.train_file else "the built-in arithmetic task"
+            raise ConfigError(
+                f"{batch_field}={batch_size} is more than the {len(train)} training problems of {source}; "
+                f"lower {batch_field} or add problems"
+            )
+        return train, held_out
+
+    def check_generation_memory(
+        self, role: WorkerConfig, model: ModelFacts, prompts: int, samples: int, tokens: int, lower: str
+    ) -> None:
+        """Refuse a generation whose KV cache clearly cannot fit in the host memory of a CPU node.
+
+        `prompts` are split over the role's data-parallel ranks and generated `infer_batch_size` at a
+        time, each with `samples` sequences of up to `tokens`. vLLM and SGLang bound their own cache
+        and queue what does not fit; on accelerators the cache is in device memory, not checked here.
+        """
+        per_token = model.kv_bytes_per_token(role.model_args.dtype)
+        if self.platform != "cpu" or per_token is None or role.strategy_args is None:
+            return
+        if issubclass(strategy_class(role.strategy_args.strategy_name), EngineStrategy):
+            return
+        workers = self._busiest_node_workers(role)
+        per_worker = min(role.infer_batch_size, math.ceil(prompts / role.dp_size))
+        needed = workers * per_worker * samples * tokens * per_token
+        total = psutil.virtual_memory().total
+        if needed > total:
+            raise ConfigError(
+                f"{role.name} would hold about {needed / 2**30:.1f} GiB of KV cache while generating ({workers} "
+                f"workers x {per_worker} prompts x {samples} samples x {tokens} tokens x {per_token} bytes), more "
+                f"than this machine's {total / 2**30:.1f} GiB of memory; lower {lower}"
+            )
+
+    def _busiest_node_workers(self, role: WorkerConfig) -> int:
+        if not role.devices:
+            return role.dp_size
+        first_devices = role.devices[:: role.num_devices_per_worker]
+        return max(Counter(d // self.devices_per_node for d in first_devices).values())
+
+
+def check_role_arguments(role: WorkerConfig) -> None:
+    """Relations between one role's own fields; raise ConfigError naming the field and the fix."""
+    where = role.name
+    generating = role.generating_args
+    if generating.do_sample and generating.temperature == 0:
+        raise ConfigError(
+            f"{where}.generating_args.temperature=0 samples greedily: set {where}.generating_args.do_sample=false "
+            "for greedy decoding, or a temperature > 0 to sample"
+        )
+    if generating.do_sample and generating.top_k == 1:
+        raise ConfigError(
+            f"{where}.generating_args.top_k=1 samples greedily: set {where}.generating_args.do_sample=false "
+            "for greedy decoding, or top_k > 1 (-1 for all tokens)"
+        )
+    training = role.training_args
+    if training.max_steps and training.warmup_steps > training.max_steps:
+        raise ConfigError(
+            f"{where}.training_args.warmup_steps={training.warmup_steps} is more than "
+            f"{where}.training_args.max_steps={training.max_steps}, the steps the schedule spans; lower warmup_steps"
+        )
+    strategy = role.strategy_args
+    if strategy is not None and strategy.offload_device == "nvme" and not strategy.offload_dir:
+        raise ConfigError(
+            f"{where}.strategy_args.offload_device=nvme needs {where}.strategy_args.offload_dir, a directory "
+            "for the offloaded states"
+        )

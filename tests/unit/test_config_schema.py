@@ -9,7 +9,7 @@ import pytest
 from roll.configs.device_mapping import parse_device_mapping
 from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
-from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.cluster_check.cluster_check_config import CHECK_WORKER, ClusterCheckConfig
 
 
 @dataclass
@@ -92,7 +92,7 @@ def check_config(**overrides: object) -> ClusterCheckConfig:
     data = {
         "platform": "cpu",
         "devices_per_node": 2,
-        "actor_train": {"worker_cls": "w.W", "device_mapping": "0-1"},
+        "actor_train": {"worker_cls": CHECK_WORKER, "device_mapping": "0-1"},
     }
     data.update(overrides)
     config = from_dict(ClusterCheckConfig, data)
@@ -101,7 +101,7 @@ def check_config(**overrides: object) -> ClusterCheckConfig:
 
 
 def test_valid_config_resolves_roles() -> None:
-    config = check_config(actor_infer={"worker_cls": "w.W", "device_mapping": [1]})
+    config = check_config(actor_infer={"worker_cls": CHECK_WORKER, "device_mapping": [1]})
     assert config.actor_train.devices == [0, 1] and config.actor_train.world_size == 2
     assert config.actor_infer is not None and config.actor_infer.name == "actor_infer"
     assert list(config.roles()) == ["actor_train", "actor_infer"]
@@ -111,7 +111,7 @@ def test_device_beyond_cluster_names_field_and_fix() -> None:
     with pytest.raises(
         ConfigError, match=r"actor_train.device_mapping uses device\(s\) \[2, 3\] but the cluster has 2"
     ):
-        check_config(actor_train={"worker_cls": "w.W", "device_mapping": "0-3"})
+        check_config(actor_train={"worker_cls": CHECK_WORKER, "device_mapping": "0-3"})
 
 
 def test_batch_not_divisible_by_dp_names_both_fields() -> None:
@@ -120,30 +120,30 @@ def test_batch_not_divisible_by_dp_names_both_fields() -> None:
 
 
 def test_unknown_strategy_lists_valid_names() -> None:
-    role = {"worker_cls": "w.W", "device_mapping": 0, "strategy_args": {"strategy_name": "deepspeed_trian"}}
+    role = {"worker_cls": CHECK_WORKER, "device_mapping": 0, "strategy_args": {"strategy_name": "deepspeed_trian"}}
     with pytest.raises(ConfigError, match=r"'deepspeed_trian' is unknown \(did you mean 'deepspeed_train'\?\); valid"):
         check_config(actor_train=role)
 
 
 def test_world_size_contradicting_mapping() -> None:
     with pytest.raises(ConfigError, match=r"actor_train\.world_size=3 contradicts"):
-        check_config(actor_train={"worker_cls": "w.W", "device_mapping": "0-1", "world_size": 3})
+        check_config(actor_train={"worker_cls": CHECK_WORKER, "device_mapping": "0-1", "world_size": 3})
 
 
 def test_worker_must_not_span_nodes() -> None:
-    role = {"worker_cls": "w.W", "device_mapping": "1-2", "num_devices_per_worker": 2}
+    role = {"worker_cls": CHECK_WORKER, "device_mapping": "1-2", "num_devices_per_worker": 2}
     with pytest.raises(ConfigError, match=r"spans nodes \[0, 1\]"):
         check_config(num_nodes=2, actor_train=role)
 
 
 def test_role_without_devices_needs_world_size() -> None:
     with pytest.raises(ConfigError, match="needs a device_mapping"):
-        check_config(actor_infer={"worker_cls": "w.W"})
-    config = check_config(actor_infer={"worker_cls": "w.W", "world_size": 2})
+        check_config(actor_infer={"worker_cls": CHECK_WORKER})
+    config = check_config(actor_infer={"worker_cls": CHECK_WORKER, "world_size": 2})
     assert config.actor_infer is not None and config.actor_infer.devices == []
 
 
 def test_user_values_are_not_rewritten() -> None:
-    config = check_config(actor_train={"worker_cls": "w.W", "device_mapping": "0-1"})
+    config = check_config(actor_train={"worker_cls": CHECK_WORKER, "device_mapping": "0-1"})
     assert config.actor_train.device_mapping == "0-1"
     assert GeneratingArguments().temperature == 1.0

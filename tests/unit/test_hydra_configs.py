@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,10 +72,24 @@ def test_every_yaml_is_a_block_or_a_known_pipeline() -> None:
     assert names == set(DEEPSPEED_BLOCKS) | set(PIPELINE_SCHEMAS)
 
 
+def local_inputs(name: str, tmp_path: Path) -> list[str]:
+    """Overrides pointing a recipe at inputs this machine has: a tiny model, and data files for the GPU recipe.
+
+    Validation checks that models and data exist; the recipes name an SFT export (made by the first
+    command of scripts/run.sh) or a downloaded model and data.
+    """
+    if "gpu" not in name:
+        return ["devices_per_node=2", "pretrain=tiny://qwen2"] if name.startswith("rlvr") else ["devices_per_node=2"]
+    data = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(200))
+    (tmp_path / "problems.jsonl").write_text(data)
+    files = [f"data.{key}={tmp_path / 'problems.jsonl'}" for key in ("train_file", "eval_file")]
+    return ["pretrain='tiny://qwen2?max_position_embeddings=2048'", *files]
+
+
 @pytest.mark.parametrize("name", sorted(PIPELINE_SCHEMAS))
-def test_every_pipeline_yaml_validates(name: str) -> None:
-    overrides = [] if "gpu" in name else ["devices_per_node=2"]
-    config = load_pipeline_config(compose_config(name, overrides), PIPELINE_SCHEMAS[name], yaml_names([CONFIG_DIR]))
+def test_every_pipeline_yaml_validates(name: str, tmp_path: Path) -> None:
+    cfg = compose_config(name, local_inputs(name, tmp_path))
+    config = load_pipeline_config(cfg, PIPELINE_SCHEMAS[name], yaml_names([CONFIG_DIR]))
     assert config.roles(), f"{name} declares no role"
     for role in config.roles().values():
         assert role.world_size and role.world_size >= 1
@@ -129,11 +144,10 @@ def test_entry_point_reports_config_error_in_one_line_before_ray() -> None:
 
 
 @pytest.mark.parametrize("block", DEEPSPEED_BLOCKS)
-def test_gpu_recipe_validates_with_every_deepspeed_block(block: str) -> None:
-    overrides = [f"actor_train.strategy_args.strategy_config=${{{block}}}"]
-    config = load_pipeline_config(
-        compose_config("rlvr_qwen2.5_0.5b_8gpu", overrides), RLVRConfig, yaml_names([CONFIG_DIR])
-    )
+def test_gpu_recipe_validates_with_every_deepspeed_block(block: str, tmp_path: Path) -> None:
+    name = "rlvr_qwen2.5_0.5b_8gpu"
+    overrides = [*local_inputs(name, tmp_path), f"actor_train.strategy_args.strategy_config=${{{block}}}"]
+    config = load_pipeline_config(compose_config(name, overrides), RLVRConfig, yaml_names([CONFIG_DIR]))
     assert config.platform == "cuda" and config.total_devices == 8
     assert config.actor_infer.strategy_args.strategy_name == "vllm"
     resolved = config.actor_train.strategy_args.strategy_config

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.data_config import DataArguments
-from roll.configs.schema import ConfigError
-from roll.configs.worker_config import WorkerConfig
+from roll.configs.schema import DOTTED_PATH, ConfigError, Rule, any_value, check, checked_in_validate
+from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
-from roll.pipeline.base_config import PipelineConfig
+from roll.pipeline.base_config import EXP_NAME, PipelineConfig
+from roll.pipeline.checkpoint_state import load_driver_state
 from roll.rewards.sandbox import import_reward_fn
 
 
@@ -17,27 +19,37 @@ from roll.rewards.sandbox import import_reward_fn
 class RewardConfig(WorkerConfig):
     """A reward cluster: the samples of its `domains`, scored by `reward_fn` with a per-sample timeout."""
 
-    worker_cls: str = "roll.pipeline.rlvr.reward_worker.RewardWorker"
-    world_size: int | None = 1
-    domains: list[str] = field(default_factory=lambda: ["math"])
-    reward_fn: str = "roll.rewards.functions.math_reward"
-    timeout_s: float = 10.0
+    worker_cls: str = field(default="roll.pipeline.rlvr.reward_worker.RewardWorker", metadata=check(WORKER_CLS))
+    world_size: int | None = field(default=1, metadata=check(ge=1))
+    domains: list[str] = field(
+        default_factory=lambda: ["math"],
+        metadata=check(nonempty=True, items=NAME, expect="the domains this cluster scores, e.g. [math]"),
+    )
+    reward_fn: str = field(default="roll.rewards.functions.math_reward", metadata=check(DOTTED_PATH))
+    timeout_s: float = field(default=10.0, metadata=check(gt=0))
 
 
 @dataclass
 class RLVRConfig(PipelineConfig):
     """Reinforcement learning with verifiable rewards."""
 
-    exp_name: str = "rlvr"
-    pretrain: str = ""
-    max_steps: int = 100
-    rollout_batch_size: int = 32  # prompts per step; each gets actor_infer's num_return_sequences samples
-    eval_steps: int = 10  # held-out accuracy every N steps (and before the first and after the last)
-    eval_batch_size: int = 0  # held-out problems per evaluation; 0 = all
-    save_steps: int = 0  # checkpoint every N steps; 0 = only at the end
-    resume_from_checkpoint: str = ""  # a checkpoint directory, or "latest" under output_dir/checkpoints
-    num_log_samples: int = 2
-    weight_sync_bucket_mb: int = 64
+    exp_name: str = field(default="rlvr", metadata=check(EXP_NAME))
+    pretrain: str = field(
+        default="", metadata=any_value("only interpolated (${pretrain}) into model paths, which validate() checks")
+    )
+    max_steps: int = field(default=100, metadata=check(ge=1))
+    # Prompts per step; each gets actor_infer's num_return_sequences samples.
+    rollout_batch_size: int = field(default=32, metadata=check(ge=1))
+    # Held-out accuracy every N steps (and before the first and after the last).
+    eval_steps: int = field(default=10, metadata=check(ge=1))
+    eval_batch_size: int = field(default=0, metadata=check(ge=0, hint="0 evaluates every held-out problem"))
+    save_steps: int = field(default=0, metadata=check(ge=0, hint="0 saves only at the end"))
+    # A checkpoint directory, or "latest" under output_dir/exp_name/checkpoints.
+    resume_from_checkpoint: str = field(
+        default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")
+    )
+    num_log_samples: int = field(default=2, metadata=check(ge=0))
+    weight_sync_bucket_mb: int = field(default=64, metadata=check(ge=1))
     # How actor_infer gets actor_train's weights: "auto" hands them over on shared devices and
     # broadcasts to workers elsewhere; "colocated" or "broadcast" force one route for every worker.
     weight_sync_method: SyncMethod = "auto"
@@ -47,7 +59,14 @@ class RLVRConfig(PipelineConfig):
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig)
     reference: WorkerConfig | None = None
     critic: WorkerConfig | None = None
-    rewards: dict[str, RewardConfig] = field(default_factory=lambda: {"math": RewardConfig()})
+    rewards: dict[str, RewardConfig] = field(
+        default_factory=lambda: {"math": RewardConfig()},
+        metadata=check(
+            nonempty=True,
+            keys=Rule(pattern=r"\w[\w-]*", expect="a reward cluster name of letters, digits, '_' and '-'"),
+            expect="at least one reward cluster, e.g. rewards.math",
+        ),
+    )
 
     def weight_sync_plan(self, infer_tp_size: int) -> SyncPlan:
         """Which actor_train rank feeds which actor_infer worker (see roll.distributed.weight_sync.plan)."""
@@ -66,8 +85,6 @@ class RLVRConfig(PipelineConfig):
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
         super().validate()
         self.weight_sync_plan(infer_tp_size=1)  # a route that cannot exist fails here, before any worker starts
-        if self.weight_sync_bucket_mb < 1:
-            raise ConfigError(f"weight_sync_bucket_mb={self.weight_sync_bucket_mb} must be at least 1")
         samples = self.rollout_batch_size * self.actor_infer.generating_args.num_return_sequences
         self.check_divisible("rollout_batch_size", self.rollout_batch_size, self.actor_infer)
         for role in (self.actor_train, self.reference, self.critic):
@@ -96,5 +113,39 @@ class RLVRConfig(PipelineConfig):
             except ValueError as exc:
                 raise ConfigError(f"rewards.{key}.reward_fn: {exc}") from exc
         domains = [d for reward in self.rewards.values() for d in reward.domains]
-        if not self.rewards or len(domains) != len(set(domains)):
+        if len(domains) != len(set(domains)):
             raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")
+        self._check_inputs()
+
+    def _check_inputs(self) -> None:
+        """Model directories, lengths, data, memory and the checkpoint to resume from."""
+        facts = self.check_models(self.roles().values())
+        model_facts = {name: facts[name] for name, role in self.roles().items() if not isinstance(role, RewardConfig)}
+        generating = self.actor_infer.generating_args
+        tokens = self.data.max_prompt_length + generating.max_new_tokens
+        self.check_lengths(
+            model_facts,
+            tokens,
+            f"data.max_prompt_length={self.data.max_prompt_length} + "
+            f"actor_infer.generating_args.max_new_tokens={generating.max_new_tokens}",
+        )
+        _, held_out = self.check_data(self.data, self.rollout_batch_size, "rollout_batch_size")
+        evaluated = min(len(held_out), self.eval_batch_size or len(held_out))
+        lower = (
+            "actor_infer.generating_args.max_new_tokens, actor_infer.infer_batch_size or "
+            "actor_infer.generating_args.num_return_sequences"
+        )
+        for prompts, samples in ((self.rollout_batch_size, generating.num_return_sequences), (evaluated, 1)):
+            self.check_generation_memory(self.actor_infer, facts["actor_infer"], prompts, samples, tokens, lower)
+        if self.resume_from_checkpoint:
+            requested = self.resume_from_checkpoint
+            root = Path(self.output_dir) / self.exp_name / "checkpoints"
+            tag = None if requested == "latest" else Path(requested).name
+            try:
+                load_driver_state(root, tag)
+            except FileNotFoundError as exc:
+                where = f"in {root}" if tag is None else f"at {root / tag}"
+                raise ConfigError(
+                    f"resume_from_checkpoint={requested!r}: no complete checkpoint {where}; name a saved step "
+                    "(e.g. step_2) or leave it empty to start afresh"
+                ) from exc

@@ -5,27 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from roll.configs.data_config import DataArguments
-from roll.configs.schema import ConfigError
+from roll.configs.schema import ConfigError, any_value, check
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base_config import PipelineConfig
+from roll.pipeline.base_config import EXP_NAME, PipelineConfig
 
 
 @dataclass
 class SFTConfig(PipelineConfig):
     """Supervised fine-tuning on (prompt, answer) pairs; the result is exported as a HF directory."""
 
-    exp_name: str = "sft"
-    max_steps: int = 300
-    batch_size: int = 64  # demonstrations per optimizer step over all ranks
-    eval_steps: int = 100
-    max_response_length: int = 8
-    export_dir: str = ""  # where the trained model is written; empty = <output_dir>/<exp_name>/model
+    exp_name: str = field(default="sft", metadata=check(EXP_NAME))
+    max_steps: int = field(default=300, metadata=check(ge=1))
+    # Demonstrations per optimizer step over all ranks.
+    batch_size: int = field(default=64, metadata=check(ge=1))
+    eval_steps: int = field(default=100, metadata=check(ge=1))
+    max_response_length: int = field(default=8, metadata=check(ge=1))
+    export_dir: str = field(
+        default="", metadata=any_value("any directory to write the model to; empty = <output_dir>/<exp_name>/model")
+    )
     skip_if_exported: bool = False  # a finished export in export_dir is reused instead of retraining
     data: DataArguments = field(default_factory=DataArguments)
     actor_train: WorkerConfig = field(default_factory=WorkerConfig)
 
     def validate(self) -> None:
-        """Roles, then that one step's batch is whole micro-batches on every rank."""
+        """Roles, that one step's batch is whole micro-batches on every rank, then the model, data and memory."""
         super().validate()
         args = self.actor_train.training_args
         step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.actor_train.dp_size
@@ -34,6 +37,17 @@ class SFTConfig(PipelineConfig):
                 f"batch_size={self.batch_size} must equal actor_train per_device_train_batch_size x "
                 f"gradient_accumulation_steps x dp size = {step_rows}"
             )
+        actor = self.actor_train
+        model = self.check_models([actor])["actor_train"]
+        tokens = self.data.max_prompt_length + self.max_response_length
+        self.check_lengths(
+            {"actor_train": model},
+            tokens,
+            f"data.max_prompt_length={self.data.max_prompt_length} + max_response_length={self.max_response_length}",
+        )
+        _, held_out = self.check_data(self.data, self.batch_size, "batch_size")
+        lower = "max_response_length or actor_train.infer_batch_size"
+        self.check_generation_memory(actor, model, len(held_out), 1, tokens, lower)  # the greedy evaluation
 
     @property
     def model_export_dir(self) -> str:
