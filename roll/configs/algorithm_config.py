@@ -5,10 +5,10 @@ One schema for the driver (advantages, KL penalty) and the workers (the losses r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from roll.configs.schema import ConfigError
+from roll.configs.schema import ConfigError, check
 
 KLKind = Literal["k1", "k2", "k3", "abs"]
 
@@ -25,26 +25,29 @@ class AlgorithmArguments:
     """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
-    gamma: float = 1.0
-    lam: float = 0.95
+    gamma: float = field(default=1.0, metadata=check(ge=0, le=1))
+    lam: float = field(default=0.95, metadata=check(ge=0, le=1))
     norm_adv_by_std: bool = True
     whiten_advantages: bool = False
-    ppo_epochs: int = 1
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = None
-    value_clip: float | None = 0.5
+    ppo_epochs: int = field(default=1, metadata=check(ge=1))
+    # The ratio's floor 1 - clip_low must stay positive.
+    clip_low: float = field(default=0.2, metadata=check(gt=0, lt=1))
+    clip_high: float = field(default=0.28, metadata=check(gt=0))
+    dual_clip: float | None = field(default=None, metadata=check(gt=1, hint="leave it unset (null) for no dual clip"))
+    value_clip: float | None = field(default=0.5, metadata=check(gt=0, hint="null turns value clipping off"))
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    entropy_coef: float = 0.0
+    entropy_coef: float = field(default=0.0, metadata=check(ge=0))
     kl_loss_kind: KLKind = "k3"
     kl_penalty_kind: KLKind = "k3"
     use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_penalty_coef: float = 0.0
-    adaptive_kl_target: float | None = None
-    adaptive_kl_horizon: int = 10000
+    kl_loss_coef: float = field(default=0.0, metadata=check(ge=0))
+    kl_penalty_coef: float = field(default=0.0, metadata=check(ge=0))
+    adaptive_kl_target: float | None = field(
+        default=None, metadata=check(gt=0, hint="null keeps the coefficient fixed")
+    )
+    adaptive_kl_horizon: int = field(default=10000, metadata=check(ge=1))
     reward_norm: Literal["none", "group", "batch"] = "none"
-    reward_clip: float | None = None
+    reward_clip: float | None = field(default=None, metadata=check(gt=0, hint="null turns reward clipping off"))
     dynamic_sampling: bool = False
 
     def __post_init__(self) -> None:
