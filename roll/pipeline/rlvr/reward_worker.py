@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any
 
 import torch
 
@@ -17,8 +16,8 @@ from roll.rewards import sandbox as reward_sandbox
 class RewardWorker(Worker):
     """Decodes responses and scores them in a child process, one sample at a time, each with a deadline.
 
-    A sample whose function raises, or runs past `timeout_s`, scores 0 and is counted as failed; a
-    hung child is terminated and replaced, and scoring goes on with the next sample.
+    A sample whose function raises, runs past `timeout_s` or kills its process scores 0 and is counted
+    as failed; a hung or dead child is replaced, and scoring goes on with the next sample.
     """
 
     @register(Dispatch.ONE_TO_ALL)
@@ -29,14 +28,9 @@ class RewardWorker(Worker):
         self.tokenizer = load_tokenizer(config.model_args.model_name_or_path)
         # Children fork from a server that has the reward function's module imported already, so
         # replacing a hung child costs milliseconds.
-        self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload([reward_sandbox.__name__, config.reward_fn.rpartition(".")[0]])
-        self._pool = self._new_pool()
-
-    def _new_pool(self) -> Any:
-        return self._context.Pool(
-            1, initializer=reward_sandbox.load_reward_fn, initargs=(self.worker_config.reward_fn,)
-        )
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([reward_sandbox.__name__, config.reward_fn.rpartition(".")[0]])
+        self._scorer = reward_sandbox.Scorer(context, config.reward_fn)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_rewards(self, batch: DataProto) -> DataProto:
@@ -51,30 +45,21 @@ class RewardWorker(Worker):
             non_tensors={"response_text": texts},
         )
 
-    def _score_all(self, samples: list[tuple[str, str, str]]) -> tuple[list[float], list[float]]:
+    def _score_all(self, samples: list[reward_sandbox.Sample]) -> tuple[list[float], list[float]]:
         scores: list[float] = []
         failed: list[float] = []
-        pending = [self._pool.apply_async(reward_sandbox.score, sample) for sample in samples]
-        for index, sample in enumerate(samples):
+        for sample in samples:
             try:
-                scores.append(pending[index].get(timeout=self.worker_config.timeout_s))
+                scores.append(self._scorer.score(sample, self.worker_config.timeout_s))
                 failed.append(0.0)
-                continue
-            except multiprocessing.TimeoutError:
-                # The child is stuck in user code: replace it and resubmit the samples queued behind.
-                self._pool.terminate()
-                self._pool = self._new_pool()
-                pending[index + 1 :] = [self._pool.apply_async(reward_sandbox.score, s) for s in samples[index + 1 :]]
-                error: Exception = TimeoutError(f"took longer than {self.worker_config.timeout_s} s")
-            except Exception as exc:  # any failure of user code scores 0 and is counted
-                error = exc
-            scores.append(0.0)
-            failed.append(1.0)
-            self.logger.warning("reward_fn failed on response %r: %r", sample[1][:80], error)
+            except (TimeoutError, reward_sandbox.RewardFunctionError) as exc:
+                scores.append(0.0)
+                failed.append(1.0)
+                self.logger.warning("reward_fn failed on response %r: %s", sample[1][:80], exc)
         return scores, failed
 
     def close(self) -> None:
         """Stop the scoring process."""
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.terminate()
+        scorer = getattr(self, "_scorer", None)
+        if scorer is not None:
+            scorer.close()

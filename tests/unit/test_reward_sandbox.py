@@ -1,0 +1,77 @@
+"""The reward sandbox: scores, failures, deadlines and a quiet exit however Ray ends the worker."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from roll.rewards.sandbox import RewardFunctionError, Scorer
+from tests.conftest import REPO_ROOT
+
+HERE = "tests.unit.test_reward_sandbox"
+
+
+def picky_reward(prompt: str, response: str, answer: str) -> float:
+    """Scores like exact match, raises on 'raise', hangs on 'hang', kills its process on 'exit'."""
+    if response == "raise":
+        raise ValueError("cannot parse")
+    if response == "hang":
+        time.sleep(60)
+    if response == "exit":
+        os._exit(3)
+    return float(response == answer)
+
+
+@pytest.fixture
+def scorer() -> Iterator[Scorer]:
+    scorer = Scorer(multiprocessing.get_context("forkserver"), f"{HERE}.picky_reward")
+    yield scorer
+    scorer.close()
+
+
+def test_scores_and_failures(scorer: Scorer) -> None:
+    assert scorer.score(("1+1=", "2", "2"), timeout_s=30) == 1.0
+    with pytest.raises(RewardFunctionError, match="ValueError: cannot parse"):
+        scorer.score(("1+1=", "raise", "2"), timeout_s=30)
+    assert scorer.score(("1+1=", "3", "2"), timeout_s=30) == 0.0
+
+
+def test_hung_or_dead_child_is_replaced(scorer: Scorer) -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="took longer than 1 s"):
+        scorer.score(("", "hang", ""), timeout_s=1)
+    assert time.monotonic() - started < 30
+    assert scorer.score(("", "a", "a"), timeout_s=30) == 1.0
+    with pytest.raises(RewardFunctionError, match=r"the scoring process died \(exit code 3\)"):
+        scorer.score(("", "exit", ""), timeout_s=30)
+    assert scorer.score(("", "a", "a"), timeout_s=30) == 1.0
+
+
+# What a reward worker does, then what Ray does when the worker ends: kill the worker's child processes
+# (multiprocessing's resource tracker among them) before the worker's own Python exits.
+WORKER_EXIT = f"""
+import multiprocessing, os, signal
+from multiprocessing import resource_tracker
+from roll.rewards.sandbox import Scorer
+
+scorer = Scorer(multiprocessing.get_context("forkserver"), "{HERE}.picky_reward")
+print(scorer.score(("", "a", "a"), timeout_s=30))
+scorer.close()
+if resource_tracker._resource_tracker._pid is not None:
+    os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
+"""
+
+
+def test_worker_exit_after_ray_killed_its_children_is_quiet() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_EXIT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "1.0", done.stderr
+    # A multiprocessing.Pool here printed one `KeyError: '/mp-...'` traceback per semaphore (six).
+    assert "Traceback" not in done.stderr and "KeyError" not in done.stderr, done.stderr
