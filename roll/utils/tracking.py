@@ -1,10 +1,16 @@
-"""Metrics of a run: TensorBoard events, a JSONL history, and PNG plots of the main curves."""
+"""Metrics of a run: TensorBoard events, a JSONL history, PNG plots of the main curves, and progress output."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Generic, Protocol, TextIO, TypeVar
+
+T = TypeVar("T")
 
 PLOTTED = {
     "reward": "rollout/score_mean",
@@ -80,3 +86,63 @@ class MetricsTracker:
         """Flush TensorBoard and write the plots."""
         self.writer.close()
         return self.plot()
+
+
+class Progress(Protocol[T]):
+    """What a pipeline loop needs of its progress display: iteration and a postfix of current values."""
+
+    def __iter__(self) -> Iterator[T]: ...
+
+    def set_postfix(self, **values: object) -> None: ...
+
+
+class LogLines(Generic[T]):
+    """Progress for a log file or pipe: one short line at most every `interval_s` seconds, and one at the end."""
+
+    def __init__(self, iterable: Iterable[T], desc: str, stream: TextIO, interval_s: float) -> None:
+        self.iterable = iterable
+        self.desc = desc
+        self.stream = stream
+        self.interval_s = interval_s
+        self.total = len(iterable) if hasattr(iterable, "__len__") else None
+        self.postfix: dict[str, object] = {}
+
+    def set_postfix(self, **values: object) -> None:
+        """Values shown at the end of the next line."""
+        self.postfix = values
+
+    def __iter__(self) -> Iterator[T]:
+        started = last = time.monotonic()
+        done, written = 0, None
+        for item in self.iterable:
+            yield item
+            done += 1
+            now = time.monotonic()
+            if now - last >= self.interval_s:
+                self._write(done, now - started)
+                last, written = now, done
+        if written != done:
+            self._write(done, time.monotonic() - started)
+
+    def _write(self, done: int, elapsed_s: float) -> None:
+        count = f"{done}/{self.total}" if self.total is not None else str(done)
+        per_step = f", {elapsed_s / done:.2f} s/step" if done else ""
+        values = "".join(f", {key}={value}" for key, value in self.postfix.items())
+        self.stream.write(f"{self.desc}: {count} in {elapsed_s:.0f} s{per_step}{values}\n")
+        self.stream.flush()
+
+
+def show_progress(
+    iterable: Iterable[T], desc: str, stream: TextIO | None = None, interval_s: float = 30.0
+) -> Progress[T]:
+    """A tqdm bar on a terminal; on a file or pipe, a `LogLines` line every `interval_s` seconds instead.
+
+    tqdm rewrites its bar with carriage returns on every postfix update, which a log file keeps:
+    one line of kilobytes per run.
+    """
+    stream = stream if stream is not None else sys.stderr
+    if stream.isatty():
+        from tqdm import tqdm
+
+        return tqdm(iterable, desc=desc, file=stream, dynamic_ncols=True)
+    return LogLines(iterable, desc, stream, interval_s)

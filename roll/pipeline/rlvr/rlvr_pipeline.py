@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, task_problems
 from roll.distributed.executor.weight_syncer import WeightSyncer
@@ -24,7 +23,7 @@ from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rollout import compute_advantages, consumer_row_multiple, keep_informative_groups
 from roll.utils.kl import AdaptiveKLController, FixedKLController
 from roll.utils.reward_processing import group_index_from_repeat
-from roll.utils.tracking import MetricsTracker
+from roll.utils.tracking import MetricsTracker, show_progress
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +271,7 @@ class RLVRPipeline(BasePipeline):
         else:
             accuracies.append(self.evaluate())
             tracker.log({"val/accuracy": accuracies[-1]}, 0)
-        progress = tqdm(range(start_step + 1, config.max_steps + 1), desc="rlvr", dynamic_ncols=True)
+        progress = show_progress(range(start_step + 1, config.max_steps + 1), desc="rlvr")
         for step in progress:
             started = time.perf_counter()
             metrics = self.step(step)

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import PromptSampler, encode_demonstrations, task_problems
@@ -18,7 +17,7 @@ from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.evaluation import greedy_accuracy
 from roll.pipeline.sft.sft_config import SFTConfig
 from roll.rewards.functions import math_reward
-from roll.utils.tracking import MetricsTracker
+from roll.utils.tracking import MetricsTracker, show_progress
 
 EXPORT_MARKER = "roll_sft.json"
 
@@ -71,7 +70,7 @@ class SFTPipeline(BasePipeline):
         actor = self.start_cluster("actor_train")
         actor.initialize()
         tracker = MetricsTracker(f"{config.output_dir}/{config.exp_name}/logs")
-        progress = tqdm(range(1, config.max_steps + 1), desc="sft", dynamic_ncols=True)
+        progress = show_progress(range(1, config.max_steps + 1), desc="sft")
         accuracy = self.evaluate()
         tracker.log({"val/accuracy": accuracy}, 0)
         for step in progress:
