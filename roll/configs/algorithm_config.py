@@ -22,6 +22,10 @@ class AlgorithmArguments:
     stay unwhitened. `kl_loss_kind` is the estimator of the KL loss (`use_kl_loss`, `kl_loss_coef`),
     `kl_penalty_kind` that of the KL reward penalty (`kl_penalty_coef`, `adaptive_kl_target`); the
     adaptive controller scales `kl_penalty_coef`, so it needs a positive start value.
+    `log_prob_temperature`: "one" scores tokens under the model's own distribution (TRL's and
+    OpenRLHF's default); "sampling" divides the logits by actor_infer's sampling temperature first
+    (verl's choice), so old, reference and current log-probs are those of the distribution the samples
+    came from. They differ only when sampling at a temperature other than 1.
     """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
@@ -49,6 +53,7 @@ class AlgorithmArguments:
     reward_norm: Literal["none", "group", "batch"] = "none"
     reward_clip: float | None = field(default=None, metadata=check(gt=0, hint="null turns reward clipping off"))
     dynamic_sampling: bool = False
+    log_prob_temperature: Literal["one", "sampling"] = "one"
 
     def __post_init__(self) -> None:
         """Reject combinations that cannot work, naming the field to change."""

@@ -21,6 +21,15 @@ from roll.models.model_providers import ModelKind
 from roll.utils import ppo_losses
 from roll.utils.functionals import masked_mean, response_log_probs, response_mask_from_ids
 
+# meta_info key: the temperature the log-prob passes divide logits by (algorithm.log_prob_temperature).
+LOG_PROB_TEMPERATURE = "log_prob_temperature"
+
+
+def scored_logits(logits: torch.Tensor, batch: DataProto) -> torch.Tensor:
+    """`logits` at the batch's log-prob temperature (1 unless the driver set another in `meta_info`)."""
+    temperature = batch.meta_info.get(LOG_PROB_TEMPERATURE, 1.0)
+    return logits if temperature == 1.0 else logits / temperature
+
 
 def split_generation(output: torch.Tensor, prompt_mask: torch.Tensor, eos_token_id: int, pad_token_id: int) -> dict:
     """Tensors of a rollout from `[prompt | generated]` ids: responses, masks and the full sequence.
@@ -63,9 +72,8 @@ class ActorWorker(StrategyWorker):
         response_length = batch.batch["responses"].shape[1]
 
         def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
-            return None, {
-                "log_probs": response_log_probs(output.logits, micro_batch.batch["input_ids"], response_length)
-            }
+            logits = scored_logits(output.logits, micro_batch)
+            return None, {"log_probs": response_log_probs(logits, micro_batch.batch["input_ids"], response_length)}
 
         return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
 
@@ -87,8 +95,9 @@ class ActorWorker(StrategyWorker):
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch
-            logits = output.logits[:, -response_length - 1 : -1]
-            log_probs = response_log_probs(output.logits, data["input_ids"], response_length)
+            all_logits = scored_logits(output.logits, micro_batch)
+            logits = all_logits[:, -response_length - 1 : -1]
+            log_probs = response_log_probs(all_logits, data["input_ids"], response_length)
             mask = data["response_mask"]
             loss, metrics = ppo_losses.policy_loss(
                 log_probs,

@@ -125,6 +125,13 @@ def test_unknown_strategy_lists_valid_names() -> None:
         check_config(actor_train=role)
 
 
+def test_options_for_a_backend_without_options_are_an_error() -> None:
+    strategy = {"strategy_name": "hf_infer", "strategy_config": {"zero_optimization": {"stage": 3}}}
+    role = {"worker_cls": CHECK_WORKER, "device_mapping": 0, "strategy_args": strategy}
+    with pytest.raises(ConfigError, match=r"actor_train.strategy_args.strategy_config sets \['zero_optimization'\]"):
+        check_config(actor_train=role)
+
+
 def test_world_size_contradicting_mapping() -> None:
     with pytest.raises(ConfigError, match=r"actor_train\.world_size=3 contradicts"):
         check_config(actor_train={"worker_cls": CHECK_WORKER, "device_mapping": "0-1", "world_size": 3})

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 import torch
 
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches
-from roll.pipeline.base_worker import split_generation
+from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE, ActorWorker, split_generation
 
 EOS = PAD = 0
 
@@ -48,3 +51,22 @@ def test_forward_passes_run_in_eval_mode_after_training() -> None:
     second = forward_in_micro_batches(model, batch, logits, 2, "cpu")["logits"]
     assert torch.equal(first, second)
     assert torch.equal(first, model.embed(batch.batch["input_ids"]).detach())
+
+
+class _FixedLogitsStrategy:
+    """Runs the worker's forward function on fixed logits: token 1 three times as likely as token 0."""
+
+    def forward_step(self, batch: DataProto, forward_func: Any) -> dict[str, torch.Tensor]:
+        logits = torch.tensor([0.0, math.log(3.0)]).expand(*batch.batch["input_ids"].shape, 2)
+        return forward_func(batch, SimpleNamespace(logits=logits))[1]
+
+
+@pytest.mark.parametrize(("temperature", "p_token1"), [(1.0, 0.75), (2.0, math.sqrt(3) / (1 + math.sqrt(3)))])
+def test_log_probs_are_taken_at_the_batch_log_prob_temperature(temperature: float, p_token1: float) -> None:
+    batch = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[0, 1, 1]]), "responses": torch.tensor([[1, 1]])},
+        meta_info={LOG_PROB_TEMPERATURE: temperature},
+    )
+    worker = SimpleNamespace(strategy=_FixedLogitsStrategy(), compute_seconds=0.0)
+    log_probs = ActorWorker.compute_log_probs(worker, batch).batch["log_probs"]
+    torch.testing.assert_close(log_probs, torch.full((1, 2), math.log(p_token1)))

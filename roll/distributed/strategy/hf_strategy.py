@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from roll.configs.worker_config import GeneratingArguments
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
@@ -15,6 +16,16 @@ class HfInferStrategy(InferenceStrategy):
     """The model in eval mode on this worker's device, KV cache on for generation."""
 
     strategy_name = "hf_infer"
+
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """hf_infer has no options of its own: a `strategy_config` key is a mistake (meant for another backend)."""
+        keys = sorted(worker_config.strategy_args.strategy_config)
+        if keys:
+            raise ConfigError(
+                f"{worker_config.name}.strategy_args.strategy_config sets {keys}, but hf_infer takes no options; "
+                "remove them, or choose the backend they belong to in strategy_args.strategy_name"
+            )
 
     def initialize(self, model_provider: ModelProvider) -> None:
         """Build the model and move it to this worker's device."""

@@ -17,6 +17,7 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline import checkpoint_state
 from roll.pipeline.base_pipeline import BasePipeline
+from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE
 from roll.pipeline.evaluation import greedy_accuracy
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
@@ -50,6 +51,9 @@ class RLVRPipeline(BasePipeline):
             if algorithm.adaptive_kl_target is not None
             else FixedKLController(algorithm.kl_penalty_coef)
         )
+        sampling = config.actor_infer.generating_args
+        scaled = algorithm.log_prob_temperature == "sampling" and sampling.do_sample
+        self.log_prob_temperature = sampling.temperature if scaled else 1.0
         self.run_dir = Path(config.output_dir) / config.exp_name
         self._start_roles()
         self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
@@ -122,6 +126,7 @@ class RLVRPipeline(BasePipeline):
             prompts = encode_prompts(self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length)
             generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
             batch = clusters["actor_infer"].generate(prompts, generating_args)
+            batch.meta_info[LOG_PROB_TEMPERATURE] = self.log_prob_temperature
             n = generating_args.num_return_sequences
             group_index = group_index_from_repeat(len(prompts), n, interleave=True)
 
