@@ -52,9 +52,9 @@ class BasePipeline(ABC):
     def run(self) -> None:
         """The pipeline's driver loop."""
 
-    def shutdown(self) -> None:
-        """Stop every role and release the devices."""
+    def shutdown(self, close_timeout_s: float = 60) -> None:
+        """Stop every role and release the devices; workers get `close_timeout_s` to release what they started."""
         for cluster in self.clusters.values():
-            cluster.shutdown()
+            cluster.shutdown(close_timeout_s)
         self.clusters.clear()
         self.resource_manager.destroy()

@@ -11,14 +11,21 @@ from omegaconf import DictConfig
 
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
+from roll.distributed.executor.cluster import WorkerDiedError
 from roll.pipeline.base_config import PipelineConfig
+
+
+# After a failure, workers may be stuck in a collective with a dead peer: do not wait long for them to close.
+FAILED_RUN_CLOSE_TIMEOUT_S = 5.0
 
 
 def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: type) -> Any:
     """Validate `cfg` against `schema`, run the pipeline, always shut it down.
 
     A configuration error ends the program with its one-line message and exit code 2, before any
-    Ray actor starts.
+    Ray actor starts. A worker that dies mid-run ends it with exit code 1 and a message naming the
+    role, rank and node; the other workers then get a few seconds to close before they are killed
+    (some may wait in a collective with the dead one).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -28,9 +35,21 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     try:
-        return pipeline.run()
-    finally:
-        pipeline.shutdown()
+        result = pipeline.run()
+    except WorkerDiedError as exc:
+        pipeline.shutdown(close_timeout_s=FAILED_RUN_CLOSE_TIMEOUT_S)
+        print(
+            f"run failed: {exc}\nThe other workers were stopped. Resume with resume_from_checkpoint=latest "
+            "(the last complete checkpoint) once the cause is fixed.",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
+    except BaseException:
+        pipeline.shutdown(close_timeout_s=FAILED_RUN_CLOSE_TIMEOUT_S)
+        raise
+    pipeline.shutdown()
+    return result
 
 
 def _config_dirs() -> list[str]:

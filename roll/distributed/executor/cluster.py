@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +20,10 @@ from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.utils.imports import import_object
 
 logger = logging.getLogger(__name__)
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker's process died during a call (killed, out of memory, crashed); the message names it and its node."""
 
 
 class ClusterFuture:
@@ -37,8 +43,13 @@ class ClusterFuture:
         self.callees = callees
 
     def get(self, timeout: float | None = None) -> Any:
-        """Wait for every called rank and combine their results as the dispatch mode says."""
-        return self._collect(ray.get(self.refs, timeout=timeout))
+        """Wait for every called rank and combine their results as the dispatch mode says.
+
+        The first failure is raised as soon as it happens, not after the other ranks finish (they may
+        wait for the failed one forever); a dead worker is a WorkerDiedError naming it.
+        """
+        _wait_failing_fast([self], timeout)
+        return self._collect(ray.get(self.refs))
 
     def kill_unfinished(self) -> list[str]:
         """Kill the workers whose call is still running; return their names."""
@@ -49,6 +60,34 @@ class ClusterFuture:
         return [name for name, _ in stuck]
 
 
+def _wait_failing_fast(futures: list[ClusterFuture], timeout: float | None = None) -> None:
+    """Wait until every call of `futures` finished; raise the first failure at once (GetTimeoutError at `timeout`)."""
+    pending = [ref for future in futures for ref in future.refs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+        if not ready:
+            raise ray.exceptions.GetTimeoutError(f"{len(pending)} call(s) still running after {timeout} s")
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerDiedError(_death_message(exc, futures)) from exc
+
+
+def _death_message(exc: ray.exceptions.RayActorError, futures: list[ClusterFuture]) -> str:
+    """'<role> rank <r> died (node <ip>, pid <pid>): <Ray's reason>' from Ray's actor-death error."""
+    names = {worker._actor_id.hex(): name for future in futures for name, worker in future.callees}
+    text = str(exc)
+    name = names.get(getattr(exc, "actor_id", None) or "", "a worker")
+    ip, pid = (re.search(rf"^\s*{key}: (\S+)$", text, re.MULTILINE) for key in ("ip", "pid"))
+    where = f" (node {ip[1]}, pid {pid[1]})" if ip and pid else ""
+    reason = re.search(r"(The actor is dead because.*?\.)", text, re.DOTALL)
+    detail = re.search(r"Worker exit detail: (.*?\.)", text, re.DOTALL)
+    because = " ".join(m[1].replace("\n", " ") for m in (reason, detail) if m) or text.splitlines()[0]
+    return f"{name} died{where}: {because}"
+
+
 def get_all(*futures: ClusterFuture, abort_grace_s: float | None = None) -> list[Any]:
     """The results of calls that run together, raising the first failure as soon as it happens.
 
@@ -57,18 +96,16 @@ def get_all(*futures: ClusterFuture, abort_grace_s: float | None = None) -> list
     partner's abort may release them); the workers of those that do not, stuck in a collective or a
     wait the failed call left, are killed and named in the error, so no participant waits forever.
     """
-    pending = [ref for future in futures for ref in future.refs]
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            ray.get(ready)
+        _wait_failing_fast(list(futures))
     except Exception as exc:
         if abort_grace_s is None:
             raise
+        pending = [ref for future in futures for ref in future.refs]
         ray.wait(pending, num_returns=len(pending), timeout=abort_grace_s)
         killed = [name for future in futures for name in future.kill_unfinished()]
         if killed:
-            raise RuntimeError(
+            raise (WorkerDiedError if isinstance(exc, WorkerDiedError) else RuntimeError)(
                 f"{exc}\n{', '.join(killed)} still waited on the failed call after {abort_grace_s:.0f} s and "
                 "were stopped; their roles cannot continue, so the run must end (resume from its last checkpoint)"
             ) from exc

@@ -1,0 +1,73 @@
+"""A worker killed mid-run ends the run cleanly, and the run resumes from its last complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.integration.test_rlvr_pipeline import FAST
+
+pytestmark = pytest.mark.slow
+WORKER = "tests.pipeline_workers.FailureTestActorWorker"
+
+
+def start_run(output_dir: Path, pid_dir: Path, *overrides: str) -> subprocess.Popen:
+    """The RLVR entry point in its own process (with its own embedded Ray), as a user starts it."""
+    command = [
+        sys.executable,
+        "examples/start_rlvr_pipeline.py",
+        *FAST,
+        f"output_dir={output_dir}",
+        "eval_steps=100",
+        "save_steps=1",
+        f"actor_train.worker_cls={WORKER}",
+        f"+actor_train.env_vars.ROLL_TEST_PID_DIR={pid_dir}",
+        *overrides,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_killed_worker_ends_the_run_and_the_run_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
+    output, pids = tmp_path / "out", tmp_path / "pids"
+    pids.mkdir()
+    run = start_run(output, pids, "max_steps=6", "+actor_train.env_vars.ROLL_TEST_SLOW_SAVE_TAG=step_2")
+    try:
+        checkpoints = output / "rlvr" / "checkpoints" / "actor_train"
+        # step_2's checkpoint is held half written (its staging directory renamed only after 60 s).
+        wait_for(lambda: (checkpoints / ".step_2.incomplete").is_dir() or run.poll() is not None, 600, "step 2's save")
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        os.kill(int((pids / "actor_train-1.pid").read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = run.communicate(timeout=120)
+        elapsed = time.monotonic() - killed
+    finally:
+        run.kill()
+    assert run.returncode == 1, stderr[-3000:]
+    assert elapsed < 60, elapsed
+    last_lines = stderr.strip().splitlines()[-3:]
+    assert any("run failed: actor_train rank 1 died (node " in line for line in last_lines), last_lines
+    # The half-written checkpoint is not taken for a good one.
+    assert (checkpoints / "latest").read_text().strip() == "step_1"
+    assert not (checkpoints / "step_2").exists()
+
+    resumed = start_run(output, pids, "max_steps=3", "resume_from_checkpoint=latest")
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr[-3000:]
+    rows = [json.loads(line) for line in (output / "rlvr" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
