@@ -38,9 +38,10 @@ class CpuPlatform(Platform):
 
     def dtype_unsupported_reason(self, dtype: DtypeName) -> str:
         """fp16 needs oneDNN fp16 kernels (DeepSpeed refuses it without them); bf16 and fp32 run on any CPU."""
-        if dtype == "fp16" and not onednn_supports_fp16():
-            return f"{cpu_model_name()}: oneDNN finds no fp16 support; x86 needs AVX512-FP16 or AMX-FP16"
-        return ""
+        if dtype != "fp16" or onednn_supports_fp16():
+            return ""
+        x86_hint = "; x86 needs AVX512-FP16 or AMX-FP16" if os.uname().machine in ("x86_64", "i686") else ""
+        return f"{cpu_model_name()}: oneDNN finds no fp16 support{x86_hint}"
 
 
 @functools.cache
