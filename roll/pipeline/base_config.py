@@ -24,6 +24,7 @@ from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import Problem, arithmetic_problems
 from roll.datasets.prompt_dataset import load_problems
 from roll.distributed.executor.cluster import resolve_worker_cls
+from roll.distributed.scheduler.placement import ClusterShape, rank_placements
 from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import check_strategy_args, strategy_class
 from roll.models.tiny import resolve_model_path
@@ -62,11 +63,24 @@ class PipelineConfig:
     ray_namespace: str = field(
         default="roll", metadata=check(pattern=r"[\w.-]+", expect="a name of letters, digits, '_', '.' and '-'")
     )
+    # How long Ray may take to grant the run's reservation (every actor's devices and CPUs) before the
+    # run ends with a placement error instead of waiting.
+    placement_timeout_s: float = field(
+        default=120.0, metadata=check(gt=0, hint="seconds Ray may take to reserve the run's devices and CPUs")
+    )
 
     @property
     def total_devices(self) -> int:
         """Devices in the whole cluster (valid after `validate`)."""
         return self.num_nodes * (self.devices_per_node or 0)
+
+    def cluster_shape(self) -> ClusterShape:
+        """The device grid the placement plan lays the roles on (valid after `validate`)."""
+        from roll.platforms import get_platform
+
+        platform = get_platform(self.platform)
+        resource = platform.ray_resource if platform.is_accelerator else None
+        return ClusterShape(self.num_nodes, self.devices_per_node or 1, self.cpus_per_device, resource)
 
     def roles(self) -> dict[str, WorkerConfig]:
         """The configured roles by name, in declaration order (roles set to null are left out).
@@ -91,9 +105,10 @@ class PipelineConfig:
             self.platform = detect_platform().name
         if self.devices_per_node is None:
             self.devices_per_node = self._local_device_count()
+        shape = self.cluster_shape()
         for name, role in self.roles().items():
             role.resolve(name, self.total_devices)
-            self._check_worker_fits_a_node(role)
+            rank_placements(name, role.devices, role.num_devices_per_worker, shape)
             try:
                 resolve_worker_cls(role.worker_cls)
             except ValueError as exc:  # its message starts with "worker_cls"
@@ -108,16 +123,6 @@ class PipelineConfig:
         if platform.is_accelerator:
             return platform.device_count()
         return max(1, (os.cpu_count() or 1) // self.cpus_per_device)
-
-    def _check_worker_fits_a_node(self, role: WorkerConfig) -> None:
-        per_worker = role.num_devices_per_worker
-        for start in range(0, len(role.devices), per_worker):
-            nodes = {d // self.devices_per_node for d in role.devices[start : start + per_worker]}
-            if len(nodes) > 1:
-                raise ConfigError(
-                    f"{role.name}: worker {start // per_worker} spans nodes {sorted(nodes)}; a worker's "
-                    f"{per_worker} devices must lie on one node of {self.devices_per_node} devices"
-                )
 
     def check_divisible(self, field_name: str, value: int, role: WorkerConfig) -> None:
         """Raise ConfigError unless batch size `value` splits evenly over `role`'s data-parallel ranks."""

@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from roll.configs.schema import ConfigError
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.initialize import init_ray
+from roll.distributed.scheduler.placement import plan_placement
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.pipeline.base_config import PipelineConfig
 from roll.platforms import PLATFORM_ENV, get_platform
@@ -27,19 +28,20 @@ class BasePipeline(ABC):
                 f"num_nodes={config.num_nodes} needs an existing Ray cluster: set ray_address=<head>:6379 "
                 "or RAY_ADDRESS (an embedded Ray has one node)"
             )
-        init_ray(address, config.ray_namespace, self._embedded_ray_cpus(), self.platform.name)
+        # An embedded Ray is one node sized for the whole plan: device slots and device-less workers.
+        embedded_cpus = math.ceil(plan_placement(config.cluster_shape(), config.roles()).total_cpus)
+        init_ray(address, config.ray_namespace, embedded_cpus, self.platform.name)
+        # Every role's actors are reserved before any starts: a cluster too small, or a reservation Ray does
+        # not grant within placement_timeout_s, is a PlacementError naming what each role asks for.
         self.resource_manager = ResourceManager(
-            self.platform, config.num_nodes, config.devices_per_node or 1, config.cpus_per_device
+            self.platform,
+            config.num_nodes,
+            config.devices_per_node or 1,
+            config.cpus_per_device,
+            timeout_s=config.placement_timeout_s,
+            roles=config.roles(),
         )
         self.clusters: dict[str, Cluster] = {}
-
-    def _embedded_ray_cpus(self) -> int:
-        # Device slots, plus room for roles placed outside them (e.g. CPU reward workers).
-        config = self.config
-        free_roles = sum(
-            role.num_cpus_per_worker * (role.world_size or 1) for role in config.roles().values() if not role.devices
-        )
-        return config.total_devices * config.cpus_per_device + math.ceil(free_roles)
 
     def start_cluster(self, role_name: str) -> Cluster:
         """Start the workers of role `role_name` as configured and remember the cluster."""

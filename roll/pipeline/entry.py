@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.distributed.executor.cluster import WorkerDiedError
+from roll.distributed.scheduler.placement import PlacementError
 from roll.pipeline.base_config import PipelineConfig
-
 
 # After a failure, workers may be stuck in a collective with a dead peer: do not wait long for them to close.
 FAILED_RUN_CLOSE_TIMEOUT_S = 5.0
@@ -23,14 +23,19 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
     """Validate `cfg` against `schema`, run the pipeline, always shut it down.
 
     A configuration error ends the program with its one-line message and exit code 2, before any
-    Ray actor starts. A worker that dies mid-run ends it with exit code 1 and a message naming the
-    role, rank and node; the other workers then get a few seconds to close before they are killed
-    (some may wait in a collective with the dead one).
+    Ray actor starts; so does a placement error (a Ray cluster too small for what the roles ask, or a
+    reservation Ray did not grant within `placement_timeout_s`), with its one-paragraph message. A
+    worker that dies mid-run ends it with exit code 1 and a message naming the role, rank and node;
+    the other workers then get a few seconds to close before they are killed (some may wait in a
+    collective with the dead one).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_pipeline_config(cfg, schema, yaml_names(_config_dirs()))
         pipeline = pipeline_cls(config)
+    except PlacementError as exc:
+        print(f"placement error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import ray
@@ -11,12 +12,13 @@ import torch
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.placement import PlacementError
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
 from roll.platforms import get_platform
-from tests.conftest import TEST_DEVICES
+from tests.conftest import RAY_TEST_CPUS, TEST_DEVICES
 
 ECHO = "tests.cluster_workers.EchoWorker"
 
@@ -28,10 +30,26 @@ def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
     manager.destroy()
 
 
-def start(name: str, manager: ResourceManager | None, worker_cls: str = ECHO, **fields: object) -> Cluster:
+def start(name: str, manager: ResourceManager, worker_cls: str = ECHO, **fields: object) -> Cluster:
     config = WorkerConfig(worker_cls=worker_cls, **fields)
     config.resolve(name, TEST_DEVICES)
     return Cluster(worker_cls, config, manager)
+
+
+@contextmanager
+def device_less(name: str, worker_cls: str = ECHO, **fields: object) -> Iterator[tuple[Cluster, ResourceManager]]:
+    """A role without devices, started in a reservation of its own (one device slot beside it), then released."""
+    config = WorkerConfig(worker_cls=worker_cls, **fields)
+    config.resolve(name, 1)
+    manager = ResourceManager(get_platform("cpu"), 1, 1, 1, roles={name: config})
+    try:
+        cluster = Cluster(worker_cls, config, manager)
+        try:
+            yield cluster, manager
+        finally:
+            cluster.shutdown()
+    finally:
+        manager.destroy()
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +62,7 @@ def pair(resource_manager: ResourceManager) -> Iterator[Cluster]:
 def test_ranks_get_rendezvous_environment_and_thread_cap(pair: Cluster) -> None:
     envs = pair.environment()
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]  # CPU slots: LOCAL_RANK counts the role's ranks on a node
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
     assert envs[0]["MASTER_ADDR"] and int(envs[0]["MASTER_PORT"]) > 0
     assert {e["threads"] for e in envs} == {"1"} and {e["ROLL_PLATFORM"] for e in envs} == {"cpu"}
@@ -102,12 +121,32 @@ def test_gather_is_tensor_parallel_aware(resource_manager: ResourceManager) -> N
         cluster.shutdown()
 
 
-def test_role_without_devices_runs_outside_the_reservation(ray_session: None) -> None:
-    cluster = start("rewards", None, world_size=2, num_cpus_per_worker=1.0)
-    try:
+def test_role_without_devices_runs_inside_its_reservation(ray_session: None) -> None:
+    with device_less("rewards", world_size=2, num_cpus_per_worker=1.0) as (cluster, manager):
         assert [e["RANK"] for e in cluster.environment()] == ["0", "1"]
-    finally:
-        cluster.shutdown()
+        assert [e["LOCAL_RANK"] for e in cluster.environment()] == ["0", "1"]
+        # The reservation holds the device slot and both workers' CPUs, and the workers use the latter.
+        assert manager.plan.bundles() == [{"CPU": 3.0}]
+        group = f"CPU_group_{manager.placement_group.id.hex()}"
+        assert ray.available_resources().get(group, 0.0) == pytest.approx(1.0)
+
+
+def test_a_cluster_too_small_is_an_error_before_anything_is_reserved(ray_session: None) -> None:
+    started = time.monotonic()
+    with pytest.raises(PlacementError, match=r"too small for this run: device slots need 9 CPU .* 8 CPU"):
+        ResourceManager(get_platform("cpu"), 1, RAY_TEST_CPUS + 1, 1)
+    assert time.monotonic() - started < 5
+
+
+def test_a_reservation_ray_cannot_grant_ends_after_the_timeout(resource_manager: ResourceManager) -> None:
+    # The cluster could hold it, but the module's reservation keeps TEST_DEVICES of its CPUs.
+    slots = RAY_TEST_CPUS - TEST_DEVICES + 1
+    started = time.monotonic()
+    with pytest.raises(PlacementError, match=rf"within placement_timeout_s=1: device slots need {slots} CPU"):
+        ResourceManager(get_platform("cpu"), 1, slots, 1, timeout_s=1)
+    assert time.monotonic() - started < 10
+    pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "PENDING"]
+    assert not pending  # the reservation that timed out was removed
 
 
 def test_cluster_check_pipeline_runs_colocated_roles(ray_session: None) -> None:
@@ -126,20 +165,22 @@ def test_cluster_check_pipeline_runs_colocated_roles(ray_session: None) -> None:
 
 
 def test_shutdown_closes_every_worker_then_frees_its_cpus(ray_session: None, tmp_path) -> None:
-    before = ray.available_resources().get("CPU", 0)
     marker = str(tmp_path / "closed-")
-    cluster = start(
-        "closing", None, "tests.cluster_workers.ClosingWorker", world_size=2, env_vars={"CLOSED_MARKER": marker}
-    )
-    assert cluster.whoami() == 0
-    cluster.shutdown()
-    assert [(tmp_path / f"closed-{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
-    deadline = time.monotonic() + 30
-    while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) >= before
+    env = {"CLOSED_MARKER": marker}
+    with device_less("closing", "tests.cluster_workers.ClosingWorker", world_size=2, env_vars=env) as (
+        cluster,
+        manager,
+    ):
+        group = f"CPU_group_{manager.placement_group.id.hex()}"
+        assert cluster.whoami() == 0 and ray.available_resources().get(group, 0.0) == pytest.approx(1.0)
+        cluster.shutdown()
+        assert [(tmp_path / f"closed-{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get(group, 0.0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get(group, 0.0) == pytest.approx(3.0)
 
 
 def test_a_registered_method_may_not_shadow_the_cluster(ray_session: None) -> None:
     with pytest.raises(TypeError, match=r"ShadowingWorker\.shutdown is registered but Cluster has its own"):
-        start("shadow", None, "tests.cluster_workers.ShadowingWorker", world_size=1)
+        start("shadow", None, "tests.cluster_workers.ShadowingWorker", world_size=1)  # type: ignore[arg-type]

@@ -133,7 +133,7 @@ class Cluster:
         self,
         worker_cls: type[Worker] | str,
         worker_config: WorkerConfig,
-        resource_manager: ResourceManager | None,
+        resource_manager: ResourceManager,
     ) -> None:
         self.name = worker_config.name
         self.worker_cls = resolve_worker_cls(worker_cls)
@@ -144,35 +144,21 @@ class Cluster:
         self._bind_registered_methods()  # a naming error must come before any actor starts
         self._start_workers(resource_manager)
 
-    def _start_workers(self, resource_manager: ResourceManager | None) -> None:
+    def _start_workers(self, resource_manager: ResourceManager) -> None:
         config = self.worker_config
         remote_cls = ray.remote(self.worker_cls)
+        placements = resource_manager.place(config)
         if config.devices:
-            if resource_manager is None:
-                raise ValueError(f"{self.name} has a device_mapping but no ResourceManager was given")
-            placements = resource_manager.place(config.devices, config.num_devices_per_worker)
             threads = resource_manager.threads_per_worker(config.num_devices_per_worker)
-            platform = resource_manager.platform
-            options = [p.ray_options for p in placements]
-            local_ranks = [0] * len(placements)  # each worker sees only its own devices
-            device_env = [platform.visible_devices_environ(p.local_devices) for p in placements]
-            if platform.visible_devices_env:
-                # roll, not Ray, decides which devices a worker sees.
-                for env in device_env:
-                    env["RAY_EXPERIMENTAL_NOSET_" + platform.visible_devices_env] = "1"
         else:
             threads = max(1, int(config.num_cpus_per_worker))
-            options = [{"num_cpus": config.num_cpus_per_worker}] * self.world_size
-            local_ranks = [0] * self.world_size
-            device_env = [{} for _ in range(self.world_size)]
         master_addr, master_port = "", 0
-        for rank in range(self.world_size):
+        for rank, placement in enumerate(placements):
             env = {
                 **config.env_vars,
-                **device_env[rank],
+                **placement.env,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(self.world_size),
-                "LOCAL_RANK": str(local_ranks[rank]),
                 "ROLL_NUM_THREADS": str(threads),
                 "OMP_NUM_THREADS": str(threads),
                 "MASTER_ADDR": master_addr,
@@ -181,11 +167,12 @@ class Cluster:
             actor = remote_cls.options(
                 name=f"{self.name}-{rank}-{id(self):x}",
                 runtime_env={"env_vars": env},
-                **options[rank],
+                **placement.ray_options,
             ).remote(config)
             self.workers.append(actor)
             if rank == 0:
-                # Rank 0 hosts the rendezvous: its address and a free port become every rank's master.
+                # Rank 0 hosts the rendezvous: its node's address (not the driver's) and a free port there
+                # become every rank's master.
                 master_addr, master_port = self.node_address_and_free_port()
                 self.set_master(master_addr, master_port)
 

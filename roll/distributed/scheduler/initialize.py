@@ -34,6 +34,9 @@ def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform
     else:
         logger.info("starting an embedded Ray with %s logical CPUs", num_cpus)
         ray.init(
+            # "local" starts a new Ray even when another one runs on this machine (without it, Ray joins the
+            # last cluster `ray start` launched here, which is not the embedded Ray the run asked for).
+            address="local",
             num_cpus=num_cpus,
             namespace=namespace,
             runtime_env=runtime_env,
