@@ -1,0 +1,127 @@
+"""The deployment routes of docs/deployment.md, run here as far as one machine allows.
+
+`ray start` by hand plus RAY_ADDRESS, `ray job submit`, and the SLURM batch script (under stand-ins
+for `scontrol` and `srun` that run every step on this machine). The KubeRay manifest is checked for
+the entrypoint the docs give; running it needs a Kubernetes cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+VENV_BIN = Path(sys.executable).parent
+CHECK = ["examples/start_cluster_check.py", "devices_per_node=2", "platform=cpu", "rounds=1"]
+PASSED = "cluster check passed: 2 role(s) on 2 device(s)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This environment with the venv's tools first on PATH, and no Ray address inherited from the tests.
+
+    `ray start` turns Ray's token authentication on; a driver that connects by address must ask for it.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    path = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
+    return env | {"PATH": path, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"} | extra
+
+
+def wait_for_ray(address: str, nodes: int, timeout_s: float = 120) -> None:
+    probe = (
+        f"import ray; ray.init(address='{address}', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=environment())
+        if result.returncode == 0 and int(result.stdout.split()[-1]) >= nodes:
+            return
+        time.sleep(2)
+    raise AssertionError(f"Ray at {address} did not come up with {nodes} node(s)")
+
+
+@pytest.fixture
+def head() -> Iterator[tuple[str, str]]:
+    """`ray start --head --block` as a user starts it; yields the GCS address and the job server's URL."""
+    port, dashboard = free_port(), free_port()
+    command = ["ray", "start", "--head", f"--port={port}", f"--dashboard-port={dashboard}", "--num-cpus=4", "--block"]
+    process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        address = f"127.0.0.1:{port}"
+        wait_for_ray(address, 1)
+        yield address, f"http://127.0.0.1:{dashboard}"
+    finally:
+        process.terminate()  # --block stops the node's processes when it is told to end
+        process.wait(timeout=60)
+
+
+def test_a_run_on_a_cluster_started_by_hand_and_through_ray_job_submit(head: tuple[str, str]) -> None:
+    address, job_server = head
+    by_hand = subprocess.run(
+        [sys.executable, *CHECK], cwd=REPO_ROOT, env=environment(RAY_ADDRESS=address), capture_output=True, text=True
+    )
+    assert by_hand.returncode == 0 and PASSED in by_hand.stdout, by_hand.stderr[-3000:]
+
+    submitted = subprocess.run(
+        ["ray", "job", "submit", f"--address={job_server}", "--working-dir=.", "--", "python", *CHECK],
+        cwd=REPO_ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert submitted.returncode == 0 and PASSED in submitted.stdout, (submitted.stdout + submitted.stderr)[-3000:]
+
+
+def test_the_slurm_script_runs_a_job_on_its_allocation(tmp_path: Path) -> None:
+    """The batch script under stand-ins that treat this machine as a one-node allocation."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "scontrol").write_text('#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && hostname\n')
+    # srun --nodes=1 --ntasks=1 -w NODE COMMAND...: run COMMAND here.
+    (shims / "srun").write_text('#!/usr/bin/env bash\nshift 4\nexec "$@"\n')
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    env = environment(
+        PATH=f"{shims}{os.pathsep}{environment()['PATH']}",
+        SLURM_JOB_NODELIST="node-a",
+        SLURM_SUBMIT_DIR=str(REPO_ROOT),
+        ROLL_VENV=str(VENV_BIN.parent),
+        RAY_PORT=str(free_port()),
+        CPUS_PER_NODE="4",
+    )
+    result = subprocess.run(
+        ["bash", "scripts/deploy/slurm_ray.sbatch", *CHECK],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and PASSED in result.stdout, (result.stdout + result.stderr)[-3000:]
+
+
+def test_the_kuberay_job_runs_an_entry_point_of_this_repository() -> None:
+    job = yaml.safe_load((REPO_ROOT / "examples" / "kuberay" / "rayjob.yaml").read_text())
+    assert job["kind"] == "RayJob" and job["spec"]["shutdownAfterJobFinishes"] is True
+    program, script, *arguments = job["spec"]["entrypoint"].split()
+    assert program == "python" and (REPO_ROOT / script).is_file()
+    config_name = arguments[arguments.index("--config-name") + 1]
+    assert (REPO_ROOT / "examples" / "config" / f"{config_name}.yaml").is_file()
+    assert job["spec"]["rayClusterSpec"]["rayVersion"] == ray.__version__
