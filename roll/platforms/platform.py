@@ -30,6 +30,8 @@ class Platform(ABC):
     counts one device ("CPU" on CPU nodes, where a device is `cpus_per_device` cores).
     """
 
+    # Each platform redeclares these fields with its own values, so the platform dataclasses look alike
+    # by design (the duplicates tool pairs them).
     name: str = ""
     device_type: str = ""
     dist_backend: str = ""

@@ -181,7 +181,10 @@ class DataProto:
         non_tensor_keys: Keys | None = None,
         meta_info_keys: Keys | None = None,
     ) -> DataProto:
-        """Remove the given keys from self and return them (None pops nothing of that kind)."""
+        """Remove the given keys from self and return them (None pops nothing of that kind).
+
+        It takes `select`'s parameters on purpose: a pop is a select that also removes.
+        """
         popped = self.select(batch_keys or [], non_tensor_keys or [], meta_info_keys or [])
         for source, keys in (
             (self.batch, popped.batch),
