@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from roll.configs.worker_config import WorkerConfig
@@ -86,11 +88,29 @@ def test_one_cpu_per_node_has_no_room_for_the_reward_worker() -> None:
         "shared by actor_train (2 ranks on nodes 0, 1), actor_infer (2 ranks on nodes 0, 1)",
         "rewards.math needs 1 worker x 1 CPU (rewards.math.world_size x rewards.math.num_cpus_per_worker)",
         "(3 CPU in all)",
-        "the cluster has 2 alive nodes: 10.0.0.2 (node 02020202): 1 CPU, 8.0 GiB memory; 10.0.0.3",
-        "Fix: lower rewards.math.num_cpus_per_worker (it may be a fraction) or rewards.math.world_size",
-        "or add nodes or CPUs",
+        "the cluster has 2 alive nodes (2 CPU in all): 10.0.0.2 (node 02020202): 1 CPU, 8.0 GiB memory; 10.0.0.3",
+        "A rewards.math worker needs 1 CPU beside the device slots and no node has that much left (the most is 0 CPU)",
     ):
         assert part in message, part
+    # Nothing smaller would fit: no CPU is left beside the slots, and the slots cannot shrink.
+    assert message.endswith("Fix: add nodes or CPUs")
+
+
+@pytest.mark.parametrize(
+    ("cpus_per_node", "cpus_per_device", "world_size", "fix"),
+    [
+        (1.5, 1, 1, "Fix: lower rewards.math.num_cpus_per_worker to 0.5 or add nodes or CPUs"),
+        (2.0, 1, 3, "Fix: lower rewards.math.world_size to 2 or add nodes or CPUs"),
+        (2.0, 2, 1, "Fix: lower cpus_per_device or add nodes or CPUs"),
+    ],
+)
+def test_the_fix_names_the_overrides_that_would_fit(
+    cpus_per_node: float, cpus_per_device: int, world_size: int, fix: str
+) -> None:
+    roles = {**rlvr_roles(2), "rewards.math": role("rewards.math", 2, world_size=world_size)}
+    nodes = [node(2, CPU=cpus_per_node), node(3, CPU=cpus_per_node)]
+    with pytest.raises(PlacementError, match=rf"{re.escape(fix)}$"):
+        plan_placement(ClusterShape(2, 1, cpus_per_device), roles, nodes)
 
 
 def test_two_cpus_per_node_hold_slots_and_reward_worker() -> None:
@@ -135,7 +155,10 @@ def test_nodes_with_different_gpu_counts() -> None:
     assert "device slots need 2 CPU, 2 GPU on each of 2 nodes" in message
     assert "10.0.0.3 (node 03030303): 8 CPU, 1 GPU, 8.0 GiB memory" in message
     assert "Only 1 of the 3 nodes can hold one node's device slots (2 CPU and 2 GPU)" in message
-    assert "Fix: lower devices_per_node" in message
+    assert message.endswith(
+        "Fix: lower devices_per_node (with device mappings that fit), lower num_nodes to 1 (with device mappings "
+        "that fit) or add nodes with 2 CPU and 2 GPU or more"
+    )
 
 
 def test_alive_nodes_are_read_from_ray_nodes() -> None:

@@ -165,7 +165,8 @@ class PlacementPlan:
         if self.cluster is None:
             return "the cluster's nodes were not checked"
         listed = "; ".join(node.describe(self.shape.device_resource) for node in self.cluster)
-        return f"the cluster has {_count(len(self.cluster), 'alive node')}: {listed}"
+        cpus = sum(node.get("CPU") for node in self.cluster)
+        return f"the cluster has {_count(len(self.cluster), 'alive node')} ({_number(cpus)} CPU in all): {listed}"
 
     def format(self) -> list[str]:
         """The plan as text lines: each node's bundle and host, then each rank's node, devices and local rank."""
@@ -253,12 +254,14 @@ def plan_placement(
             extra_cpus.append(0.0)
             index = len(hosts) - 1
         if index is None:
-            most = max((left for left in room if left != float("inf")), default=0.0)
+            most = max([0.0, *(left for left in room if left != float("inf")), *(n.get("CPU") for n in spares)])
+            placed = sum(1 for worker in assigned if worker[0] == name)
+            fixes = [f"lower {name}.num_cpus_per_worker to {_number(most)}"] if most > _EPS else []
+            fixes += [f"lower {name}.world_size to {placed}"] if placed else []
             raise PlacementError(
                 f"{_too_small(shape, demand, nodes or [])}. A {name} worker needs {_number(cpus)} CPU beside the "
-                f"device slots and no node has that much left (the most is {_number(max(most, 0.0))} CPU). Fix: "
-                f"lower {name}.num_cpus_per_worker (it may be a fraction) or {name}.world_size, lower "
-                "cpus_per_device or devices_per_node, or add nodes or CPUs"
+                f"device slots and no node has that much left (the most is {_number(most)} CPU). Fix: "
+                + _either([*fixes, *_grid_fixes(shape), "add nodes or CPUs"])
             )
         room[index] -= cpus
         extra_cpus[index] += cpus
@@ -309,10 +312,11 @@ def _device_hosts(
     fitting = [node for node in by_cpus if all(node.get(k) + _EPS >= v for k, v in slots.items())]
     if len(fitting) < shape.num_nodes:
         what = " and ".join(f"{_number(v)} {k}" for k, v in slots.items())
+        fewer = [f"lower num_nodes to {len(fitting)} (with device mappings that fit)"] if fitting else []
         raise PlacementError(
             f"{_too_small(shape, demand, nodes)}. Only {len(fitting)} of the {_count(len(nodes), 'node')} can hold "
-            f"one node's device slots ({what}). Fix: lower devices_per_node or cpus_per_device (or num_nodes, with "
-            "device mappings that fit), or add nodes with more CPUs or devices"
+            f"one node's device slots ({what}). Fix: "
+            + _either([*_grid_fixes(shape), *fewer, f"add nodes with {what} or more"])
         )
     hosts: list[NodeResources | None] = list(fitting[: shape.num_nodes])
     spares = [node for node in by_cpus if all(node is not host for host in hosts)]
@@ -326,6 +330,16 @@ def _too_small(
     asked = PlacementPlan(shape, (), dict(demand)).describe_demand()
     has = PlacementPlan(shape, (), {}, tuple(nodes)).describe_cluster()
     return f"the Ray cluster is too small for this run: {asked}; {has}"
+
+
+def _grid_fixes(shape: ClusterShape) -> list[str]:
+    """The device-grid overrides that would shrink the slots (each only when it can go lower)."""
+    fixes = ["lower cpus_per_device"] if shape.cpus_per_device > 1 else []
+    return fixes + (["lower devices_per_node (with device mappings that fit)"] if shape.devices_per_node > 1 else [])
+
+
+def _either(fixes: Sequence[str]) -> str:
+    return fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
 
 
 def _nodes_text(ranks: Sequence[RankPlacement]) -> str:
