@@ -97,6 +97,10 @@ class PipelineConfig:
                 roles.update({f"{f.name}.{k}": v for k, v in value.items() if isinstance(v, WorkerConfig)})
         return roles
 
+    def batch_plan(self) -> list[str]:
+        """How one step's batch divides over the roles (for a dry run); pipelines with batches override it."""
+        return []
+
     def validate(self) -> None:
         """Resolve defaults that depend on the machine and check every role; raise ConfigError."""
         from roll.platforms import detect_platform

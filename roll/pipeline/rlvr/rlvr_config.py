@@ -81,6 +81,39 @@ class RLVRConfig(PipelineConfig):
         except ValueError as exc:
             raise ConfigError(f"weight_sync_method={self.weight_sync_method}: {exc}") from exc
 
+    def batch_plan(self) -> list[str]:
+        """One RL step's arithmetic: prompts -> samples -> each role's shards, micro-batches and optimizer steps."""
+        samples = self.rollout_batch_size * self.actor_infer.generating_args.num_return_sequences
+        infer = self.actor_infer
+        lines = [
+            f"rollout: {self.rollout_batch_size} prompts x {infer.generating_args.num_return_sequences} samples "
+            f"= {samples} samples per step",
+            f"actor_infer: {self.rollout_batch_size // infer.dp_size} prompts per rank on {infer.dp_size} rank(s)",
+        ]
+        for name, role in (("actor_train", self.actor_train), ("critic", self.critic)):
+            if role is None:
+                continue
+            args = role.training_args
+            shard = samples // role.dp_size
+            per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            updates = samples // (per_step * role.dp_size) * self.algorithm.ppo_epochs
+            lines.append(
+                f"{name}: {shard} samples per rank on {role.dp_size} rank(s) -> micro-batches of "
+                f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation = "
+                f"{per_step} per optimizer step -> {updates} optimizer step(s) per RL step "
+                f"({self.algorithm.ppo_epochs} epoch(s))"
+            )
+        for name, role in (("reference", self.reference), ("actor_train log-probs", self.actor_train)):
+            if role is not None and (name != "reference" or self.algorithm.needs_reference):
+                shard = samples // role.dp_size
+                lines.append(
+                    f"{name}: {shard} samples per rank in forward passes of {role.infer_batch_size} "
+                    f"({-(-shard // role.infer_batch_size)} per rank)"
+                )
+        for key, reward in self.rewards.items():
+            lines.append(f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)")
+        return lines
+
     def validate(self) -> None:
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
         super().validate()

@@ -27,6 +27,15 @@ class SFTConfig(PipelineConfig):
     data: DataArguments = field(default_factory=DataArguments)
     actor_train: WorkerConfig = field(default_factory=WorkerConfig)
 
+    def batch_plan(self) -> list[str]:
+        """One SFT step's arithmetic: demonstrations per step -> ranks -> micro-batches."""
+        args, role = self.actor_train.training_args, self.actor_train
+        return [
+            f"actor_train: {self.batch_size} demonstrations per optimizer step = {role.dp_size} rank(s) x "
+            f"micro-batches of {args.per_device_train_batch_size} x {args.gradient_accumulation_steps} "
+            f"accumulation; {self.max_steps} steps"
+        ]
+
     def validate(self) -> None:
         """Roles, that one step's batch is whole micro-batches on every rank, then the model, data and memory."""
         super().validate()
