@@ -63,15 +63,17 @@ def ray_address() -> Iterator[str]:
     head = {"num_cpus": 0, "node_ip_address": HEAD_IP, "temp_dir": temp_dir}
     # Ray would record the head in /tmp/ray/ray_current_cluster, where an address-less `ray.init()` of anyone
     # else on this machine would find it and join this cluster instead of theirs.
-    with mock.patch("ray._private.utils.write_ray_address"):
-        cluster = Cluster(initialize_head=True, connect=False, head_node_args=head)
     try:
-        for ip, name in zip(NODE_IPS, ("node_a", "node_b"), strict=True):
-            cluster.add_node(num_cpus=NODE_CPUS, resources={name: 1.0}, node_ip_address=ip)
-        cluster.wait_for_nodes()
-        yield cluster.address
+        with mock.patch("ray._private.utils.write_ray_address"):
+            cluster = Cluster(initialize_head=True, connect=False, head_node_args=head)
+        try:
+            for ip, name in zip(NODE_IPS, ("node_a", "node_b"), strict=True):
+                cluster.add_node(num_cpus=NODE_CPUS, resources={name: 1.0}, node_ip_address=ip)
+            cluster.wait_for_nodes()
+            yield cluster.address
+        finally:
+            cluster.shutdown()
     finally:
-        cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
