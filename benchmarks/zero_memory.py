@@ -45,6 +45,7 @@ from roll.configs.worker_config import (  # noqa: E402
 from roll.distributed.executor.worker import Worker  # noqa: E402
 from roll.distributed.scheduler.decorator import Dispatch, register  # noqa: E402
 from roll.distributed.strategy.registry import strategy_class  # noqa: E402
+from roll.models.memory_estimate import zero_model_states  # noqa: E402
 from roll.models.model_providers import load_model  # noqa: E402
 
 WORKER = "benchmarks.zero_memory.MemoryWorker"
@@ -59,15 +60,6 @@ CATEGORIES = ("params", "grads", "master", "moments", "buckets", "other")
 _PRIORITY = {"params": 0, "master": 1, "moments": 2, "grads": 3, "buckets": 4, "other": 5}
 # Containers deeper than this inside the engine hold no model state (config objects, timers).
 _MAX_DEPTH = 8
-
-
-def formula_bytes(stage: int, psi: int, ranks: int) -> dict[str, float]:
-    """The ZeRO paper's per-rank bytes of mixed-precision Adam: 2Ψ params, 2Ψ grads, 12Ψ optimizer states."""
-    params = 2 * psi / (ranks if stage >= 3 else 1)
-    grads = 2 * psi / (ranks if stage >= 2 else 1)
-    master = 4 * psi / (ranks if stage >= 1 else 1)
-    moments = 8 * psi / (ranks if stage >= 1 else 1)
-    return {"params": params, "grads": grads, "master": master, "moments": moments}
 
 
 def classify(path: str) -> str:
@@ -327,7 +319,7 @@ def states_table(results: dict[int, list[dict[str, Any]]]) -> str:
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for stage, report in _rows(results):
         states = model_states(report)
-        formula = sum(formula_bytes(stage, report["psi"], WORLD_SIZE).values())
+        formula = sum(item.nbytes for item in zero_model_states(stage, report["psi"], WORLD_SIZE))
         total = sum(states[k] for k in ("params", "grads", "master", "moments"))
         totals = report["totals"]
         accumulating = totals.get("accumulating", totals["boundary"])["grads"]
@@ -368,9 +360,9 @@ def formula_table(psi: int) -> str:
         f"Formula per rank for Ψ = {psi:,}, N = {WORLD_SIZE} (MiB): params / grads / fp32 master / Adam m+v = total"
     ]
     for stage, text in enumerate(("16Ψ", "4Ψ + 12Ψ/N", "2Ψ + 14Ψ/N", "16Ψ/N")):
-        parts = formula_bytes(stage, psi, WORLD_SIZE)
-        values = " / ".join(f"{v / MiB:.2f}" for v in parts.values())
-        lines.append(f"  stage {stage} ({text}): {values} = {sum(parts.values()) / MiB:.2f}")
+        parts = [item.nbytes for item in zero_model_states(stage, psi, WORLD_SIZE)]
+        values = " / ".join(f"{v / MiB:.2f}" for v in parts)
+        lines.append(f"  stage {stage} ({text}): {values} = {sum(parts) / MiB:.2f}")
     return "\n".join(lines)
 
 

@@ -1,27 +1,14 @@
-"""The ZeRO memory benchmark's pieces that need neither Ray nor DeepSpeed: formulas, config, storage census."""
+"""The ZeRO memory benchmark's pieces that need neither Ray nor DeepSpeed: config, storage census.
+
+Its formulas are roll.models.memory_estimate.zero_model_states, tested in test_memory_estimate.py.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pytest
 import torch
 
-from benchmarks.zero_memory import classify, engine_census, formula_bytes, zero_block
-
-# Per-rank bytes of mixed-precision Adam in the ZeRO paper, for Ψ parameters and N ranks.
-PAPER: dict[int, Callable[[int, int], float]] = {
-    0: lambda psi, n: 16 * psi,
-    1: lambda psi, n: 4 * psi + 12 * psi / n,
-    2: lambda psi, n: 2 * psi + 14 * psi / n,
-    3: lambda psi, n: 16 * psi / n,
-}
-
-
-@pytest.mark.parametrize("stage", sorted(PAPER))
-def test_formula_totals_are_the_papers(stage: int) -> None:
-    for psi, ranks in ((1000, 2), (7_500_000_000, 64)):
-        assert sum(formula_bytes(stage, psi, ranks).values()) == pytest.approx(PAPER[stage](psi, ranks))
+from benchmarks.zero_memory import classify, engine_census, zero_block
 
 
 def test_zero_blocks_come_from_the_examples_with_small_buckets() -> None:
