@@ -26,6 +26,11 @@ class AlgorithmArguments:
     OpenRLHF's default); "sampling" divides the logits by actor_infer's sampling temperature first
     (verl's choice), so old, reference and current log-probs are those of the distribution the samples
     came from. They differ only when sampling at a temperature other than 1.
+    `old_log_probs_pass`: "auto" skips actor_train's separate old log-probs pass on the steps where it
+    would score the same weights the update starts from (ppo_epochs 1, the whole rollout one optimizer
+    step, no KL reward penalty, which reads them before the update): the update takes them from its own
+    forward pass, detached, so the ratio is 1 (as TRL does with one iteration). "always" runs the pass
+    every step, for ablations or to reproduce earlier runs bit for bit (the two differ by rounding).
     """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
@@ -54,6 +59,7 @@ class AlgorithmArguments:
     reward_clip: float | None = field(default=None, metadata=check(gt=0, hint="null turns reward clipping off"))
     dynamic_sampling: bool = False
     log_prob_temperature: Literal["one", "sampling"] = "one"
+    old_log_probs_pass: Literal["auto", "always"] = "auto"
 
     def __post_init__(self) -> None:
         """Reject combinations that cannot work, naming the field to change."""

@@ -20,6 +20,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import ModelKind
 from roll.utils import ppo_losses
 from roll.utils.functionals import masked_mean, response_log_probs, response_mask_from_ids
+from roll.utils.kl import masked_kl_estimate
 
 # meta_info key: the temperature the log-prob passes divide logits by (algorithm.log_prob_temperature).
 LOG_PROB_TEMPERATURE = "log_prob_temperature"
@@ -90,8 +91,23 @@ class ActorWorker(StrategyWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def train_step(self, batch: DataProto, algorithm: AlgorithmArguments) -> dict[str, float]:
-        """PPO update on this rank's shard: clipped surrogate, optional entropy bonus and KL loss."""
+        """PPO update on this rank's shard: clipped surrogate, optional entropy bonus and KL loss.
+
+        A batch without `old_log_probs` must be one optimizer step on this rank: the weights of every
+        micro-batch's forward pass are then the ones that would have scored them, so the old log-probs
+        are that pass's own, detached (ratio 1). Its `kl` metric then reports, before the update, what
+        the driver's `actor/kl` reports from a separate pass.
+        """
         response_length = batch.batch["responses"].shape[1]
+        from_update = "old_log_probs" not in batch.batch
+        if from_update:
+            args = self.worker_config.training_args
+            step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            if len(batch) != step_rows:
+                raise ValueError(
+                    f"a shard of {len(batch)} rows without old_log_probs: the update's own log-probs stand in for "
+                    f"them only within one optimizer step ({step_rows} rows per rank); compute old_log_probs first"
+                )
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch
@@ -101,7 +117,7 @@ class ActorWorker(StrategyWorker):
             mask = data["response_mask"]
             loss, metrics = ppo_losses.policy_loss(
                 log_probs,
-                data["old_log_probs"],
+                log_probs.detach() if from_update else data["old_log_probs"],
                 data["advantages"],
                 mask,
                 clip_low=algorithm.clip_low,
@@ -121,6 +137,10 @@ class ActorWorker(StrategyWorker):
                 )
                 loss = loss + algorithm.kl_loss_coef * kl
                 metrics["kl_loss"] = kl.detach()
+            if from_update and "ref_log_probs" in data:
+                ref_log_probs, kind = data["ref_log_probs"], algorithm.kl_penalty_kind
+                token_kl = masked_kl_estimate(log_probs.detach(), ref_log_probs, mask, kind)
+                metrics["kl"] = masked_mean(token_kl, mask, dim=-1).mean()
             return loss, metrics
 
         return self.strategy.train_step(batch, loss_func)

@@ -154,3 +154,36 @@ def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_grou
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert rows[2]["sync/broadcast_bytes"] > 0 and rows[2]["sync/colocated_bytes"] == 0
     assert rows[2]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0
+
+
+def test_one_optimizer_step_takes_old_log_probs_from_the_update(ray_session: None, tmp_path: Path) -> None:
+    """FAST's rollout is one optimizer step of one epoch: no separate old log-probs pass, the same update.
+
+    Against `old_log_probs_pass=always` with the reference on a device of its own (its pass and actor_train's
+    then run at the same time), the first step, on the same samples, has the same loss and gradient norm.
+    """
+    common = (
+        "max_steps=2",
+        "eval_steps=100",
+        "eval_batch_size=4",
+        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+    )
+    skipped = run(make_config(tmp_path / "auto", *common))
+    separate = run(
+        make_config(
+            tmp_path / "always",
+            *common,
+            "devices_per_node=3",
+            "reference.device_mapping=2",
+            "algorithm.old_log_probs_pass=always",
+        )
+    )
+    assert [row["step"] for row in skipped] == [0, 1, 2]
+    for row in skipped[1:]:
+        assert "time/old_log_probs_s" not in row and "time/reference_log_probs_s" in row
+        assert row["actor/ratio_mean"] == pytest.approx(1.0) and row["actor/clipfrac"] == 0.0
+        assert row["actor/kl"] >= 0 and row["actor/kl_coef"] == 0.0 and row["actor/grad_norm"] > 0
+    for row in separate[1:]:
+        assert "time/reference_and_old_log_probs_s" in row and "time/old_log_probs_s" not in row
+    for key in ("rollout/score_mean", "actor/loss", "actor/grad_norm", "actor/kl", "actor/kl_loss"):
+        assert skipped[1][key] == pytest.approx(separate[1][key], rel=1e-5, abs=1e-7), key

@@ -146,23 +146,42 @@ class RLVRPipeline(BasePipeline):
             if len(batch) == 0:
                 return metrics | timings
 
-        if "reference" in clusters:
-            with timed(phases.REFERENCE_LOG_PROBS, timings):
-                ref_log_probs = clusters["reference"].compute_log_probs(batch)
-                batch = batch.union(ref_log_probs.rename("log_probs", "ref_log_probs"))
-
-        with timed(phases.OLD_LOG_PROBS, timings):
-            old_log_probs = clusters["actor_train"].compute_log_probs(batch)
-            batch = batch.union(old_log_probs.rename("log_probs", "old_log_probs"))
+        algorithm, train = config.algorithm, config.actor_train
+        args = train.training_args
+        # One epoch of one optimizer step starts from the weights a separate pass would score, so the update takes
+        # the old log-probs from its own forward pass; a KL reward penalty reads them before the update.
+        old_pass = algorithm.old_log_probs_pass == "always" or not (
+            algorithm.ppo_epochs == 1
+            and len(batch) == args.per_device_train_batch_size * args.gradient_accumulation_steps * train.dp_size
+            and algorithm.kl_penalty_coef == 0
+            and algorithm.adaptive_kl_target is None
+        )
+        passes = [("reference", phases.REFERENCE_LOG_PROBS, "ref_log_probs")] if "reference" in clusters else []
+        if old_pass:
+            passes.append(("actor_train", phases.OLD_LOG_PROBS, "old_log_probs"))
+        if len(passes) == 2 and set(config.reference.devices).isdisjoint(train.devices):
+            # On devices of their own, the reference and actor_train score the batch at the same time.
+            resident = phases.REFERENCE_LOG_PROBS.resident | phases.OLD_LOG_PROBS.resident
+            with timed(phases.Phase("reference_and_old_log_probs", resident), timings):
+                futures = [(key, clusters[role].compute_log_probs(batch, blocking=False)) for role, _, key in passes]
+                for key, future in futures:
+                    batch = batch.union(future.get().rename("log_probs", key))
+        else:
+            for role, phase, key in passes:
+                with timed(phase, timings):
+                    batch = batch.union(clusters[role].compute_log_probs(batch).rename("log_probs", key))
 
         if "critic" in clusters:
             with timed(phases.VALUES, timings):
                 batch = batch.union(clusters["critic"].compute_values(batch))
 
         with timed(phases.ADVANTAGES, timings):
-            batch, advantage_metrics = compute_advantages(
-                batch, group_index, config.algorithm, self.kl_controller.value
-            )
+            # Without old log-probs (so without a KL penalty) the update reports actor/kl itself.
+            ref_log_probs = batch.pop(batch_keys=["ref_log_probs"]) if passes and not old_pass else None
+            batch, advantage_metrics = compute_advantages(batch, group_index, algorithm, self.kl_controller.value)
+            if ref_log_probs is not None:
+                batch = batch.union(ref_log_probs)
+                advantage_metrics["actor/kl_coef"] = 0.0
             metrics.update(advantage_metrics)
             if "actor/kl" in metrics:
                 self.kl_controller.update(metrics["actor/kl"], len(batch))
