@@ -27,7 +27,8 @@ from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.scheduler.placement import ClusterShape, rank_placements
 from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import check_strategy_args, strategy_class
-from roll.models.tiny import resolve_model_path
+from roll.models.memory_estimate import tiny_shape
+from roll.models.tiny import TINY_SCHEME
 
 # Used as a directory name under output_dir.
 EXP_NAME = Rule(pattern=r"\w[\w.-]*", expect="a directory name of letters, digits, '_', '.' and '-'")
@@ -68,6 +69,8 @@ class PipelineConfig:
     placement_timeout_s: float = field(
         default=120.0, metadata=check(gt=0, hint="seconds Ray may take to reserve the run's devices and CPUs")
     )
+    # Validate, print the plan (placement, batches, memory per rank) and exit without starting any actor.
+    dry_run: bool = False
 
     @property
     def total_devices(self) -> int:
@@ -100,6 +103,13 @@ class PipelineConfig:
     def batch_plan(self) -> list[str]:
         """How one step's batch divides over the roles (for a dry run); pipelines with batches override it."""
         return []
+
+    def sequence_lengths(self) -> tuple[int, int, int | None]:
+        """Prompt tokens, response tokens and prompts per generation call of a step (None: per-rank batches).
+
+        The dry run's memory estimate sizes activations and KV caches with them.
+        """
+        return 0, 0, None
 
     def validate(self) -> None:
         """Resolve defaults that depend on the machine and check every role; raise ConfigError."""
@@ -137,7 +147,7 @@ class PipelineConfig:
             )
 
     def check_models(self, roles: Iterable[WorkerConfig]) -> dict[str, ModelFacts]:
-        """Each role's model directory exists and parses (tiny:// references are built); its sizes by role name."""
+        """Each role's model directory exists and parses (tiny:// references: their spec parses); sizes by role name."""
         by_path: dict[str, ModelFacts] = {}
         facts: dict[str, ModelFacts] = {}
         for role in roles:
@@ -147,13 +157,18 @@ class PipelineConfig:
                     f"{field_name} is empty: set it to a local Hugging Face model directory or a tiny:// reference "
                     "such as tiny://qwen2"
                 )
-            try:
-                path = resolve_model_path(value)
-            except ValueError as exc:
-                raise ConfigError(f"{field_name}: {exc}") from exc
-            if path not in by_path:
-                by_path[path] = read_model_dir(path, field_name, value)
-            facts[role.name] = by_path[path]
+            if value in by_path:
+                pass
+            elif value.startswith(TINY_SCHEME):
+                # The run builds a tiny:// model when it starts; its spec alone gives the sizes (a dry run of a
+                # large spec would otherwise write gigabytes first).
+                try:
+                    by_path[value] = tiny_shape(value).facts
+                except ValueError as exc:
+                    raise ConfigError(f"{field_name}: {exc}") from exc
+            else:
+                by_path[value] = read_model_dir(value, field_name, value)
+            facts[role.name] = by_path[value]
         return facts
 
     def check_lengths(self, facts: dict[str, ModelFacts], tokens: int, spelled_out: str) -> None:

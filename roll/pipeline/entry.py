@@ -14,13 +14,14 @@ from roll.configs.schema import ConfigError
 from roll.distributed.executor.cluster import WorkerDiedError
 from roll.distributed.scheduler.placement import PlacementError
 from roll.pipeline.base_config import PipelineConfig
+from roll.pipeline.dry_run import cluster_nodes, dry_run_report
 
 # After a failure, workers may be stuck in a collective with a dead peer: do not wait long for them to close.
 FAILED_RUN_CLOSE_TIMEOUT_S = 5.0
 
 
 def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: type) -> Any:
-    """Validate `cfg` against `schema`, run the pipeline, always shut it down.
+    """Validate `cfg` against `schema`, run the pipeline, always shut it down (`dry_run`: print the plan instead).
 
     A configuration error ends the program with its one-line message and exit code 2, before any
     Ray actor starts; so does a placement error (a Ray cluster too small for what the roles ask, or a
@@ -32,6 +33,9 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_pipeline_config(cfg, schema, yaml_names(_config_dirs()))
+        if config.dry_run:
+            print("\n".join(dry_run_report(config, cluster_nodes(config))), flush=True)
+            return None
         pipeline = pipeline_cls(config)
     except PlacementError as exc:
         print(f"placement error: {exc}", file=sys.stderr, flush=True)

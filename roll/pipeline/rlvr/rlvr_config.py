@@ -114,6 +114,10 @@ class RLVRConfig(PipelineConfig):
             lines.append(f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)")
         return lines
 
+    def sequence_lengths(self) -> tuple[int, int, int | None]:
+        """The longest prompt, the generation budget, and the prompts of one rollout."""
+        return self.data.max_prompt_length, self.actor_infer.generating_args.max_new_tokens, self.rollout_batch_size
+
     def validate(self) -> None:
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
         super().validate()

@@ -36,6 +36,10 @@ class SFTConfig(PipelineConfig):
             f"accumulation; {self.max_steps} steps"
         ]
 
+    def sequence_lengths(self) -> tuple[int, int, int | None]:
+        """The longest prompt and the longest demonstrated response."""
+        return self.data.max_prompt_length, self.max_response_length, None
+
     def validate(self) -> None:
         """Roles, that one step's batch is whole micro-batches on every rank, then the model, data and memory."""
         super().validate()

@@ -1,0 +1,71 @@
+"""dry_run=true: the plan of a validated run (placement, batches, memory per rank), printed without Ray."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+
+from roll.configs.loader import load_pipeline_config, yaml_names
+from roll.pipeline.dry_run import dry_run_report
+from tests.conftest import CONFIG_DIR, REPO_ROOT
+from tests.unit.test_hydra_configs import PIPELINE_SCHEMAS, compose_config
+
+# Qwen2.5-0.5B's shape as a tiny:// spec: the GPU recipe's plan without its weights.
+QWEN_05B = (
+    "tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
+    "&max_position_embeddings=32768"
+)
+
+
+def report(name: str, *overrides: str) -> list[str]:
+    config = load_pipeline_config(
+        compose_config(name, list(overrides)), PIPELINE_SCHEMAS[name], yaml_names([CONFIG_DIR])
+    )
+    return dry_run_report(config)
+
+
+def test_the_default_run_plans_every_rank_its_batches_and_memory_without_ray() -> None:
+    lines = report("rlvr_arithmetic", "pretrain=tiny://qwen2")
+    text = "\n".join(lines)
+    assert not ray.is_initialized()
+    assert "actor_train rank 1: node 0, devices [1]" in text and "rewards.math rank 0: node 0, 1.0 CPU" in text
+    assert "rollout: 32 prompts x 8 samples = 256 samples per step" in text
+    assert "-> 2 optimizer step(s) per RL step" in text
+    memory = [line for line in lines if line.startswith(("actor_train (", "actor_infer (", "reference ("))]
+    assert len(memory) == 3 and all(line.endswith(": fits") for line in memory), memory
+    assert not any(line.startswith("rewards.math (") for line in lines)  # reward workers hold no model
+
+
+def test_the_gpu_recipe_plans_on_a_cpu_machine_from_a_spec_of_its_model() -> None:
+    started = time.perf_counter()
+    lines = report("rlvr_qwen2.5_0.5b_8gpu", f'pretrain="{QWEN_05B}"', "data.train_file=", "data.eval_file=")
+    assert time.perf_counter() - started < 15  # the spec is read, not built
+    text = "\n".join(lines)
+    assert "actor_train rank 7: node 0, devices [7]" in text and "actor_infer (vllm, 8 ranks)" in text
+    # ZeRO-3 over 8 ranks: a rank holds 1/8 of the fp32 Adam states of ~0.5B parameters (~0.33 GiB).
+    assert "Adam m+v 0.3" in text
+
+
+@pytest.mark.parametrize(
+    ("script", "overrides"),
+    [
+        ("start_rlvr_pipeline.py", ["pretrain=tiny://qwen2"]),
+        ("start_sft_pipeline.py", []),
+        ("start_cluster_check.py", []),
+    ],
+)
+def test_every_entry_point_takes_dry_run(script: str, overrides: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, f"examples/{script}", "dry_run=true", *overrides],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "nothing was started" in result.stdout and "== placement" in result.stdout
+    assert "Started a local Ray instance" not in result.stderr
