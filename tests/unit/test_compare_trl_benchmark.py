@@ -1,0 +1,51 @@
+"""The TRL comparison's pieces that need neither Ray nor TRL: roll's configuration and the docs rewrite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from benchmarks import compare_trl
+from roll.configs.hydra_defaults import register_schema_defaults
+from roll.configs.loader import load_pipeline_config, yaml_names
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from tests.conftest import CONFIG_DIR
+
+
+def test_roll_overrides_give_the_compared_configuration(tmp_path: Path) -> None:
+    model_dir, train_file, eval_file = compare_trl.build_inputs("small", tmp_path)
+    assert compare_trl.parameter_count(model_dir) == pytest.approx(0.3e6, rel=0.1)
+    assert train_file.read_text().count("+") == 2000 and "-" not in train_file.read_text()
+    overrides = compare_trl.roll_overrides(model_dir, train_file, eval_file, 32, max_steps=5)
+    register_schema_defaults("rlvr", RLVRConfig)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("rlvr_arithmetic", overrides=[*overrides, f"output_dir={tmp_path}"])
+    config = load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))
+
+    samples = config.rollout_batch_size * config.actor_infer.generating_args.num_return_sequences
+    args = config.actor_train.training_args
+    assert samples == 128 == args.per_device_train_batch_size * args.gradient_accumulation_steps * 2
+    assert config.actor_train.devices == config.actor_infer.devices == config.reference.devices == [0, 1]
+    assert config.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 2
+    assert config.actor_infer.strategy_args.strategy_name == config.reference.strategy_args.strategy_name == "hf_infer"
+    assert {config.actor_train.model_args.dtype, config.reference.model_args.dtype} == {"fp32"}
+    algorithm = config.algorithm
+    assert algorithm.use_kl_loss and algorithm.kl_loss_coef == 0.04 and algorithm.kl_loss_kind == "k3"
+    assert algorithm.kl_penalty_coef == 0 and algorithm.ppo_epochs == 1
+    assert config.actor_infer.generating_args.max_new_tokens == 32 and config.cpus_per_device == 1
+
+
+def test_write_docs_replaces_a_models_row_and_keeps_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = tmp_path / "performance.md"
+    begin, end = compare_trl.TABLE
+    rows = "| model | x |\n|---|---|\n| small: old | 1 |\n| medium: kept | 2 |\n"
+    docs.write_text(f"intro\n{begin}\n{rows}{end}\nafter\n")
+    monkeypatch.setattr(compare_trl, "DOCS", docs)
+    compare_trl.write_docs({compare_trl.TABLE: [("| small:", "| small: new | 3 |")]})
+    text = docs.read_text()
+    assert "| small: new | 3 |\n| medium: kept | 2 |" in text and "old" not in text
+    assert text.startswith("intro\n") and text.endswith(f"{end}\nafter\n")
+    compare_trl.write_docs({compare_trl.TABLE: [("| tiny:", "| tiny: added | 4 |")]})
+    assert "| medium: kept | 2 |\n| tiny: added | 4 |\n" + end in docs.read_text()
