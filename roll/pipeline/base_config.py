@@ -113,10 +113,14 @@ class PipelineConfig:
 
     def validate(self) -> None:
         """Resolve defaults that depend on the machine and check every role; raise ConfigError."""
-        from roll.platforms import detect_platform
+        from roll.platforms import PLATFORM_ENV, current_platform, detect_platform
 
         if self.platform == "auto":
             self.platform = detect_platform().name
+        # Backends' checks ask current_platform() (e.g. whether a CPU computes fp16): the configured one, as
+        # the workers will see it.
+        os.environ[PLATFORM_ENV] = self.platform
+        current_platform.cache_clear()
         if self.devices_per_node is None:
             self.devices_per_node = self._local_device_count()
         shape = self.cluster_shape()

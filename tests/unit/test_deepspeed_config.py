@@ -8,11 +8,12 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from roll.configs.schema import ConfigError
+from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
 from roll.distributed.strategy.deepspeed_config import resolve_deepspeed_config
 from roll.distributed.strategy.lr_schedule import lr_lambda
 from roll.distributed.strategy.registry import check_strategy_args
+from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.platforms import current_platform
 from tests.conftest import CONFIG_DIR
 
@@ -126,3 +127,24 @@ def test_cpu_features_are_not_checked_for_a_gpu_run(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("ROLL_PLATFORM", "cuda")
     current_platform.cache_clear()
     assert resolve_deepspeed_config(role(ZERO2, dtype="fp16"), training=True)["fp16"]["enabled"] is True
+
+
+def test_the_configured_platform_decides_which_checks_run(
+    monkeypatch: pytest.MonkeyPatch, cpu_without_fp16: None
+) -> None:
+    """platform=cpu in the config checks the CPU's fp16 even where the environment names another platform."""
+    monkeypatch.setenv("ROLL_PLATFORM", "cuda")
+    current_platform.cache_clear()
+    data = {
+        "platform": "cpu",
+        "devices_per_node": 2,
+        "actor_train": {
+            "worker_cls": "roll.pipeline.cluster_check.cluster_check_worker.ClusterCheckWorker",
+            "device_mapping": "0-1",
+            "model_args": {"dtype": "fp16"},
+            "strategy_args": {"strategy_name": "deepspeed_train", "strategy_config": copy.deepcopy(ZERO2)},
+            "training_args": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2},
+        },
+    }
+    with pytest.raises(ConfigError, match=r"dtype=fp16 is not supported on this CPU"):
+        from_dict(ClusterCheckConfig, data).validate()
