@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -71,6 +72,22 @@ def role(
     return config
 
 
+@contextmanager
+def started(
+    configs: dict[str, WorkerConfig], manager: ResourceManager, close_timeout_s: float = 60
+) -> Iterator[dict[str, Cluster]]:
+    """The roles' clusters, initialised concurrently; shut down and their devices released on exit."""
+    clusters = {name: Cluster(config.worker_cls, config, manager) for name, config in configs.items()}
+    try:
+        for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
+            future.get()
+        yield clusters
+    finally:
+        for cluster in clusters.values():
+            cluster.shutdown(close_timeout_s=close_timeout_s)
+        manager.destroy()
+
+
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
@@ -95,15 +112,8 @@ def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
         # ZeRO-3 inference loads collectively; worker 0 shares training rank 0's slot, worker 1 has its own.
         "deepspeed_infer_mixed": role("deepspeed_infer_mixed", "deepspeed_infer", "0,2", model_path, zero_block(3)),
     }
-    clusters = {name: Cluster(WORKER, config, manager) for name, config in configs.items()}
-    try:
-        for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
-            future.get()
+    with started(configs, manager) as clusters:
         yield clusters
-    finally:
-        for cluster in clusters.values():
-            cluster.shutdown()
-        manager.destroy()
 
 
 def syncer(roles: dict[str, Cluster], target: str, method: str = "auto") -> WeightSyncer:
@@ -239,15 +249,8 @@ def failing_roles(ray_session: None, model_path: str, tmp_path) -> Iterator[dict
         "wide": role("wide", "hf_infer", "2", other_shape),
         "crashed": crashed,
     }
-    clusters = {name: Cluster(config.worker_cls, config, manager) for name, config in configs.items()}
-    try:
-        for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
-            future.get()
+    with started(configs, manager, close_timeout_s=5) as clusters:
         yield clusters
-    finally:
-        for cluster in clusters.values():
-            cluster.shutdown(close_timeout_s=5)
-        manager.destroy()
 
 
 def test_a_failed_sync_ends_every_participant_with_the_error(failing_roles: dict[str, Cluster]) -> None:
