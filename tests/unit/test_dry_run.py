@@ -28,10 +28,13 @@ def report(name: str, *overrides: str) -> list[str]:
     return dry_run_report(config)
 
 
-def test_the_default_run_plans_every_rank_its_batches_and_memory_without_ray() -> None:
+def test_the_default_run_plans_every_rank_its_batches_and_memory_without_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_ray(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a dry run without an address must not start Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
     lines = report("rlvr_arithmetic", "pretrain=tiny://qwen2")
     text = "\n".join(lines)
-    assert not ray.is_initialized()
     assert "actor_train rank 1: node 0, devices [1]" in text and "rewards.math rank 0: node 0, 1.0 CPU" in text
     assert "rollout: 32 prompts x 8 samples = 256 samples per step" in text
     assert "-> 2 optimizer step(s) per RL step" in text
