@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+import ray
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -47,6 +48,7 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         result = pipeline.run()
     except WorkerDiedError as exc:
         pipeline.shutdown(close_timeout_s=FAILED_RUN_CLOSE_TIMEOUT_S)
+        ray.shutdown()  # ends the forwarding of worker logs, so the message below is the output's last word
         print(
             f"run failed: {exc}\nThe other workers were stopped. Resume with resume_from_checkpoint=latest "
             "(the last complete checkpoint) once the cause is fixed.",
