@@ -240,7 +240,7 @@ def run_trl(
     load = os.getloadavg()[0]
     _run_logged([sys.executable, __file__, "--trl-job", json.dumps(job), str(result)], env, workdir / "trl.log")
     seconds = json.loads(result.read_text())
-    return Run(f"TRL {metadata.version('trl')} GRPOTrainer", seconds[warmup:], [], (load, os.getloadavg()[0]))
+    return _done(Run(f"TRL {metadata.version('trl')} GRPOTrainer", seconds[warmup:], [], (load, os.getloadavg()[0])))
 
 
 def roll_overrides(model_dir: Path, train_file: Path, eval_file: Path, new_tokens: int, max_steps: int) -> list[str]:
@@ -283,9 +283,8 @@ def roll_overrides(model_dir: Path, train_file: Path, eval_file: Path, new_token
     ]
 
 
-def run_roll(label: str, overrides: list[str], warmup: int, workdir: Path) -> Run:
-    """examples/start_rlvr_pipeline.py with `overrides` in a child process; its steps after the warm-up."""
-    output_dir = workdir / label.replace(" ", "_").replace("/", "_")
+def run_roll(label: str, overrides: list[str], warmup: int, output_dir: Path) -> Run:
+    """examples/start_rlvr_pipeline.py with `overrides` in a child process writing to `output_dir`; its steps."""
     command = [sys.executable, str(REPO_ROOT / "examples" / "start_rlvr_pipeline.py"), *overrides]
     load = os.getloadavg()[0]
     _run_logged([*command, f"output_dir={output_dir}"], dict(os.environ), output_dir.with_suffix(".log"))
@@ -293,7 +292,12 @@ def run_roll(label: str, overrides: list[str], warmup: int, workdir: Path) -> Ru
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     # Step 0 is the first evaluation; the last step evaluates too.
     measured = [row for row in rows if row["step"] > 0 and "val/accuracy" not in row][warmup:]
-    return Run(label, [row["time/step_s"] for row in measured], measured, (load, os.getloadavg()[0]))
+    return _done(Run(label, [row["time/step_s"] for row in measured], measured, (load, os.getloadavg()[0])))
+
+
+def _done(run: Run) -> Run:
+    print(f"{run.label}: {run.median:.3f} s/step (median of {len(run.seconds)}), load {_load(run)}", flush=True)
+    return run
 
 
 def _run_logged(command: list[str], env: dict[str, str], log: Path) -> None:
@@ -337,14 +341,20 @@ def _phases_inline(run: Run) -> str:
     return ", ".join(parts)
 
 
-def table_row(model: str, params: int, trl: Run, roll: Run, command: str) -> str:
-    """The comparison table's row of `model`."""
+def table_key(model: str, trl_threads: int) -> str:
+    """The start of the comparison table's row of `model` with TRL on `trl_threads` threads."""
+    return f"| {model}, TRL on {trl_threads} thread{'s' if trl_threads > 1 else ''}:"
+
+
+def table_row(model: str, trl_threads: int, params: int, trl: Run, roll: Run, command: str) -> str:
+    """The comparison table's row of `model` with TRL on `trl_threads` threads."""
     spec, new_tokens = MODELS[model]
     shape = f"hidden {spec['hidden_size']}, {spec['num_layers']} layers, {spec['num_heads']} heads, "
     shape += f"{spec['num_kv_heads']} kv, intermediate {spec['intermediate_size']}"
     return (
-        f"| {model}: {params / 1e6:.1f}M params ({shape}) | {new_tokens} | {trl.median:.2f} | {roll.median:.2f} | "
-        f"{trl.median / roll.median:.2f} | {_phases_inline(roll)} | {_load(trl)} / {_load(roll)} | "
+        f"{table_key(model, trl_threads)} {params / 1e6:.1f}M params ({shape}) | {new_tokens} | "
+        f"{trl.median:.2f} | {roll.median:.2f} | {trl.median / roll.median:.2f} | {_phases_inline(roll)} | "
+        f"{_load(trl)} / {_load(roll)} | "
         f"{datetime.date.today()}, {machine()} | `{command}` |"
     )
 
@@ -402,8 +412,11 @@ def main() -> None:
         new_tokens = MODELS[args.model][1]
         base = roll_overrides(model_dir, train_file, eval_file, new_tokens, args.warmup + args.steps + 1)
         trl = run_trl(model_dir, train_file, new_tokens, args.steps, args.warmup, args.trl_threads, workdir)
-        roll = run_roll("roll", [*base, *extra], args.warmup, workdir)
-        ablations = [(o, run_roll(f"roll {o}", [*base, *extra, o], args.warmup, workdir)) for o in args.ablate]
+        roll = run_roll("roll", [*base, *extra], args.warmup, workdir / "roll")
+        ablations = [
+            (o, run_roll(f"roll {o}", [*base, *extra, o], args.warmup, workdir / f"roll-ablation-{i}"))
+            for i, o in enumerate(args.ablate)
+        ]
         params = parameter_count(model_dir)
     print(f"\n{args.model}: {params / 1e6:.1f}M parameters, {new_tokens} new tokens; {machine()}")
     print("| run | s/step (median) | steps | load 1-min (before-after) |\n|---|---|---|---|")
@@ -413,7 +426,8 @@ def main() -> None:
     for override, ablated in ablations:
         print(f"\nroll with {override}: {ablated.median / roll.median - 1:+.1%} s/step\n{phase_table(ablated)}")
     if args.write_docs:
-        rows = {TABLE: [(f"| {args.model}:", table_row(args.model, params, trl, roll, command))]}
+        row = table_row(args.model, args.trl_threads, params, trl, roll, command)
+        rows = {TABLE: [(table_key(args.model, args.trl_threads), row)]}
         rows[ABLATION] = [
             (f"| {args.model} | `{o}` |", ablation_row(args.model, o, roll, a, command)) for o, a in ablations
         ]

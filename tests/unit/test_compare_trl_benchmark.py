@@ -49,3 +49,5 @@ def test_write_docs_replaces_a_models_row_and_keeps_the_others(tmp_path: Path, m
     assert text.startswith("intro\n") and text.endswith(f"{end}\nafter\n")
     compare_trl.write_docs({compare_trl.TABLE: [("| tiny:", "| tiny: added | 4 |")]})
     assert "| medium: kept | 2 |\n| tiny: added | 4 |\n" + end in docs.read_text()
+    assert compare_trl.table_key("small", 1) == "| small, TRL on 1 thread:"
+    assert compare_trl.table_key("medium", 2) == "| medium, TRL on 2 threads:"
