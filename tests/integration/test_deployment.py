@@ -56,6 +56,21 @@ def wait_for_ray(address: str, nodes: int, timeout_s: float = 120) -> None:
     raise AssertionError(f"Ray at {address} did not come up with {nodes} node(s)")
 
 
+def submit_job(job_server: str, entrypoint: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """`ray job submit` as a user runs it, tried again while the head's job agent has not registered yet.
+
+    Just after `ray start --head` the job server can answer before its agent has joined; Ray then
+    refuses the job with "No available agent ... please try again later" and nothing was started.
+    """
+    command = ["ray", "job", "submit", f"--address={job_server}", "--working-dir=.", "--", *entrypoint]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = subprocess.run(command, cwd=REPO_ROOT, env=environment(), capture_output=True, text=True, timeout=600)
+        if "No available agent" not in result.stderr or time.monotonic() > deadline:
+            return result
+        time.sleep(3)
+
+
 @pytest.fixture
 def head() -> Iterator[tuple[str, str]]:
     """`ray start --head --block` as a user starts it; yields the GCS address and the job server's URL."""
@@ -78,14 +93,7 @@ def test_a_run_on_a_cluster_started_by_hand_and_through_ray_job_submit(head: tup
     )
     assert by_hand.returncode == 0 and PASSED in by_hand.stdout, by_hand.stderr[-3000:]
 
-    submitted = subprocess.run(
-        ["ray", "job", "submit", f"--address={job_server}", "--working-dir=.", "--", "python", *CHECK],
-        cwd=REPO_ROOT,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    submitted = submit_job(job_server, ["python", *CHECK])
     assert submitted.returncode == 0 and PASSED in submitted.stdout, (submitted.stdout + submitted.stderr)[-3000:]
 
 
