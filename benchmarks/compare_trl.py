@@ -21,11 +21,9 @@ installed package held at its version.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -37,8 +35,13 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import doc_tables  # noqa: E402
+
 REQUIREMENTS = REPO_ROOT / "requirements_bench.txt"
-DOCS = REPO_ROOT / "docs" / "performance.md"
+DOC = REPO_ROOT / "docs" / "performance.md"
 PROMPTS, SAMPLES, BETA, LEARNING_RATE, SEED = 16, 8, 0.04, 5e-5, 42
 # name -> (TinyModelSpec fields, max new tokens): the two shapes of issue 12.
 MODELS: dict[str, tuple[dict[str, int], int]] = {
@@ -48,19 +51,9 @@ MODELS: dict[str, tuple[dict[str, int], int]] = {
         64,
     ),
 }
-# roll's phases in the order a step runs them (reference_and_old_log_probs when those two passes overlap).
-PHASES = (
-    "sync_weights",
-    "generate",
-    "rewards",
-    "reference_log_probs",
-    "old_log_probs",
-    "reference_and_old_log_probs",
-    "advantages",
-    "actor_update",
-)
-TABLE = ("<!-- compare_trl table: begin -->", "<!-- compare_trl table: end -->")
-ABLATION = ("<!-- compare_trl ablation: begin -->", "<!-- compare_trl ablation: end -->")
+# The blocks of docs/performance.md this script owns (benchmarks/doc_tables.py); each row names its command.
+TABLE, ABLATION = "compare_trl-table", "compare_trl-ablation"
+BLOCKS = (TABLE, ABLATION)
 
 
 # ---- the benchmark requirements ------------------------------------------------------------------------
@@ -155,8 +148,9 @@ class Run:
 
     def phase_medians(self) -> dict[str, float]:
         """Median seconds of each `time/<phase>_s` roll logged, plus residency moves, compute and overhead."""
+        phases = doc_tables.logged_phases(self.rows)
         logged = {k[5:].removesuffix("_s") for row in self.rows for k in row if k.startswith("time/")}
-        order = [p for p in PHASES if p in logged] + sorted(logged - set(PHASES) - {"step", "overhead_fraction"})
+        order = phases + sorted(logged - set(phases) - {"step", "overhead_fraction"})
         medians = {p: statistics.median(row.get(f"time/{p}_s", 0.0) for row in self.rows) for p in order}
         residency = [sum(v for k, v in row.items() if k.endswith("/residency_s")) for row in self.rows]
         medians["offload/reload (all phases)"] = statistics.median(residency)
@@ -313,12 +307,8 @@ def _run_logged(command: list[str], env: dict[str, str], log: Path) -> None:
 
 
 def machine() -> str:
-    """CPU model and core count of this machine."""
-    names = [
-        line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line
-    ]
-    model = names[0] if names else "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores"
+    """This machine, the versions of both frameworks' libraries and the date (benchmarks/doc_tables.py)."""
+    return doc_tables.machine(("torch", "deepspeed", "transformers", "trl"))
 
 
 def phase_table(run: Run) -> str:
@@ -335,10 +325,10 @@ def _load(run: Run) -> str:
 
 
 def _phases_inline(run: Run) -> str:
-    shown = ("generate", "rewards", "reference_log_probs", "old_log_probs", "reference_and_old_log_probs")
+    """roll's phases in step order with their median seconds, those under 0.005 s left out."""
     medians = run.phase_medians()
-    parts = [f"{p} {medians[p]:.2f}" for p in (*shown, "actor_update", "sync_weights") if p in medians]
-    return ", ".join(parts)
+    phases = doc_tables.logged_phases(run.rows)
+    return ", ".join(f"{p} {medians[p]:.2f}" for p in phases if round(medians[p], 2) > 0)
 
 
 def table_key(model: str, trl_threads: int) -> str:
@@ -354,8 +344,7 @@ def table_row(model: str, trl_threads: int, params: int, trl: Run, roll: Run, co
     return (
         f"{table_key(model, trl_threads)} {params / 1e6:.1f}M params ({shape}) | {new_tokens} | "
         f"{trl.median:.2f} | {roll.median:.2f} | {trl.median / roll.median:.2f} | {_phases_inline(roll)} | "
-        f"{_load(trl)} / {_load(roll)} | "
-        f"{datetime.date.today()}, {machine()} | `{command}` |"
+        f"{_load(trl)} / {_load(roll)} | {machine()} | `{command}` |"
     )
 
 
@@ -368,28 +357,20 @@ def ablation_row(model: str, override: str, base: Run, ablated: Run, command: st
     )
 
 
-def write_docs(rows: dict[tuple[str, str], list[tuple[str, str]]]) -> None:
-    """In docs/performance.md, replace each marked table's line starting with a row's key by that row (or add it)."""
-    text = DOCS.read_text()
-    for (begin, end), keyed_rows in rows.items():
-        head, rest = text.split(begin + "\n", 1)
-        body, tail = rest.split(end, 1)
-        lines = body.splitlines()
-        for key, row in keyed_rows:
-            matches = [i for i, line in enumerate(lines) if line.startswith(key)]
-            if matches:
-                lines[matches[0]] = row
-            else:
-                lines.append(row)
-        text = head + begin + "\n" + "\n".join(lines) + "\n" + end + tail
-    DOCS.write_text(text)
+def write_docs(rows: dict[str, list[tuple[str, str]]]) -> None:
+    """In each block of docs/performance.md, replace the line starting with a row's key by that row (or add it).
+
+    The rows name their own command and machine: one table gathers rows of several invocations.
+    """
+    for block, keyed_rows in rows.items():
+        doc_tables.replace_block(DOC, block, doc_tables.upsert_rows(doc_tables.read_block(DOC, block), keyed_rows))
 
 
 # ---- entry ---------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    """Parse arguments; install the requirements if needed; run TRL, roll and the ablations; print and write."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options; anything else on the command line is a roll override."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="small")
     parser.add_argument("--steps", type=int, default=6, help="measured steps of each run, after the warm-up")
@@ -398,14 +379,18 @@ def main() -> None:
     parser.add_argument("--ablate", action="append", default=[], metavar="OVERRIDE", help="roll again with this")
     parser.add_argument("--write-docs", action="store_true", help="rewrite this model's rows of docs/performance.md")
     parser.add_argument("--trl-job", nargs=2, help=argparse.SUPPRESS)  # the TRL child: job JSON, result file
-    args, extra = parser.parse_known_args()
+    return parser
+
+
+def main() -> None:
+    """Parse arguments; install the requirements if needed; run TRL, roll and the ablations; print and write."""
+    args, extra = build_parser().parse_known_args()
     if args.trl_job:
         job, result = json.loads(args.trl_job[0]), Path(args.trl_job[1])
         result.write_text(json.dumps(trl_step_seconds(**job)))
         return
-    sys.path.insert(0, str(REPO_ROOT))
     ensure_requirements()
-    command = shlex.join(["python", "benchmarks/compare_trl.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    command = doc_tables.command_line(__file__, sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="compare_trl-") as tmp:
         workdir = Path(tmp)
         model_dir, train_file, eval_file = build_inputs(args.model, workdir)
@@ -432,7 +417,7 @@ def main() -> None:
             (f"| {args.model} | `{o}` |", ablation_row(args.model, o, roll, a, command)) for o, a in ablations
         ]
         write_docs(rows)
-        print(f"\nwrote {DOCS.relative_to(REPO_ROOT)}")
+        print(f"\nwrote {DOC.relative_to(REPO_ROOT)}")
 
 
 if __name__ == "__main__":

@@ -17,14 +17,11 @@ that RSS follows the live tensors; `--malloc dynamic` measures under glibc's def
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import re
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks import doc_tables  # noqa: E402
 from benchmarks.zero_memory import (  # noqa: E402
     MemoryWorker,
     current_rss,
@@ -48,12 +46,13 @@ from roll.configs.worker_config import (  # noqa: E402
     WorkerConfig,
 )
 from roll.distributed.scheduler.decorator import Dispatch, register  # noqa: E402
-from roll.models.memory_estimate import RankEstimate, estimate_rank, host_memory_bytes, model_shape  # noqa: E402
+from roll.models.memory_estimate import RankEstimate, estimate_rank, model_shape  # noqa: E402
 
 WORKER = "benchmarks.memory_estimate.EstimateWorker"
 WORLD_SIZE = 2
 MiB = 2**20
 DOC = REPO_ROOT / "docs" / "memory_estimate.md"
+PACKAGES = ("torch", "deepspeed", "transformers")
 # glibc's malloc raises its mmap threshold each time a large block is freed, after which blocks up to 32 MiB
 # come from the heap, where freed activations stay resident and fragment. A fixed threshold (which also fixes
 # the trim threshold) keeps every block above it in its own mapping, returned when freed: RSS follows the
@@ -203,27 +202,15 @@ def estimate_table(estimates: dict[tuple[int, bool], RankEstimate]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
-    """CPU model, cores, memory and the library versions of this run."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    cpu = names[0] if names else platform.processor()
-    versions = ", ".join(f"{name} {metadata.version(name)}" for name in ("torch", "deepspeed", "transformers"))
-    return (
-        f"{cpu}, {os.cpu_count()} cores, {host_memory_bytes() / 2**30:.1f} GiB memory; Python "
-        f"{platform.python_version()}, {versions}"
-    )
+def block(malloc: str) -> str:
+    """The block of docs/memory_estimate.md that holds the results under glibc malloc setting `malloc`."""
+    return f"memory_estimate-{malloc}"
 
 
-def write_docs(section: str, malloc: str) -> None:
-    """Replace the results section of `malloc` in docs/memory_estimate.md with `section`."""
-    text = DOC.read_text()
-    begin, end_marker = f"<!-- results:{malloc}:begin -->", f"<!-- results:{malloc}:end -->"
-    start, end = text.index(begin) + len(begin), text.index(end_marker)
-    DOC.write_text(text[:start] + "\n" + section + "\n" + text[end:])
+BLOCKS = tuple(block(m) for m in sorted(MALLOC_ENV))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
@@ -250,7 +237,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="glibc's mmap threshold in the workers: fixed at 128 KiB (RSS follows live tensors) or glibc's dynamic",
     )
     parser.add_argument("--write-docs", action="store_true", help=f"write the tables into {DOC.relative_to(REPO_ROOT)}")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -294,10 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         manager.destroy()
         ray.shutdown()
-    command = "python benchmarks/memory_estimate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = doc_tables.command_line(__file__, argv if argv is not None else sys.argv[1:])
     section = "\n\n".join(
         [
-            f"`{command.strip()}`, {datetime.date.today()}, on {machine()}.",
             f"Model: {spec}, Ψ = {psi:,} parameters; N = {WORLD_SIZE} ranks, bf16, micro-batch "
             f"{options.micro_batch} x {options.seq_len} tokens, {options.accumulation} micro-batches per step; "
             f"malloc: {options.malloc} ({MALLOC_ENV[options.malloc] or 'no MALLOC_ variables'}).",
@@ -307,9 +297,9 @@ def main(argv: list[str] | None = None) -> None:
             estimate_table(estimates),
         ]
     )
-    print(section)
+    print(f"{doc_tables.provenance(command, PACKAGES)}\n\n{section}")
     if options.write_docs:
-        write_docs(section, options.malloc)
+        doc_tables.write_block(DOC, block(options.malloc), command, section, PACKAGES)
 
 
 if __name__ == "__main__":

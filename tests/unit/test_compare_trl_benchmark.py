@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from benchmarks import compare_trl
+from benchmarks import compare_trl, doc_tables
 from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
@@ -39,10 +39,10 @@ def test_roll_overrides_give_the_compared_configuration(tmp_path: Path) -> None:
 
 def test_write_docs_replaces_a_models_row_and_keeps_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = tmp_path / "performance.md"
-    begin, end = compare_trl.TABLE
+    begin, end = doc_tables.markers(compare_trl.TABLE)
     rows = "| model | x |\n|---|---|\n| small: old | 1 |\n| medium: kept | 2 |\n"
     docs.write_text(f"intro\n{begin}\n{rows}{end}\nafter\n")
-    monkeypatch.setattr(compare_trl, "DOCS", docs)
+    monkeypatch.setattr(compare_trl, "DOC", docs)
     compare_trl.write_docs({compare_trl.TABLE: [("| small:", "| small: new | 3 |")]})
     text = docs.read_text()
     assert "| small: new | 3 |\n| medium: kept | 2 |" in text and "old" not in text
@@ -51,3 +51,18 @@ def test_write_docs_replaces_a_models_row_and_keeps_the_others(tmp_path: Path, m
     assert "| medium: kept | 2 |\n| tiny: added | 4 |\n" + end in docs.read_text()
     assert compare_trl.table_key("small", 1) == "| small, TRL on 1 thread:"
     assert compare_trl.table_key("medium", 2) == "| medium, TRL on 2 threads:"
+
+
+def test_phases_come_from_the_logged_metrics_in_step_order() -> None:
+    rows = [
+        {"time/sync_weights_s": 0.1, "time/generate_s": 1.0, "time/reference_and_old_log_probs_s": 0.5}
+        | {"time/advantages_s": 0.001, "time/actor_update_s": 2.0, "time/step_s": 3.6, "time/worker_compute_s": 3.0}
+        | {"time/overhead_fraction": 0.2, "phase/generate/residency_s": 0.05}
+    ]
+    run = compare_trl.Run("roll", [3.6], rows, (1.0, 1.0))
+    medians = run.phase_medians()
+    order = ["sync_weights", "generate", "reference_and_old_log_probs", "advantages", "actor_update"]
+    assert list(medians)[:5] == order
+    assert medians["worker_compute"] == 3.0 and medians["offload/reload (all phases)"] == 0.05
+    inline = compare_trl._phases_inline(run)
+    assert inline == "sync_weights 0.10, generate 1.00, reference_and_old_log_probs 0.50, actor_update 2.00"
