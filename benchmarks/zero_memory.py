@@ -8,7 +8,8 @@ counts, on every rank, the bytes of every tensor the DeepSpeed engine and its op
 16-bit parameters, gradients, fp32 master weights and Adam moments, each storage once. It prints a
 markdown table with the paper's totals for mixed-precision Adam (Rajbhandari et al., 2020, fig. 1):
 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N and 16Ψ/N bytes per rank, and each rank's peak RSS.
-See docs/zero_memory.md for the numbers and why they differ where they do.
+See docs/zero_memory.md for the numbers and why they differ where they do; `--write-docs` rewrites its tables
+of this model shape (blocks named by Ψ), and refuses options other than the shape, whose tables are not blocks.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks import doc_tables  # noqa: E402
 from roll.configs.worker_config import (  # noqa: E402
     ModelArguments,
     StrategyArguments,
@@ -49,6 +51,12 @@ from roll.models.memory_estimate import zero_model_states  # noqa: E402
 from roll.models.model_providers import load_model  # noqa: E402
 
 WORKER = "benchmarks.zero_memory.MemoryWorker"
+DOC = REPO_ROOT / "docs" / "zero_memory.md"
+PACKAGES = ("torch", "deepspeed")
+SHAPE_OPTIONS = ("hidden", "layers", "intermediate", "heads", "kv_heads")
+# The model sizes docs/zero_memory.md has tables of: the default shape and `--hidden 768 --layers 6
+# --intermediate 3072 --heads 12 --kv-heads 4`.
+DOC_PSI = (3_981_568, 52_057_344)
 CONFIG_DIR = REPO_ROOT / "examples" / "config"
 WORLD_SIZE = 2
 MiB = 2**20
@@ -366,7 +374,25 @@ def formula_table(psi: int) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def blocks(psi: int) -> tuple[str, str]:
+    """The blocks of docs/zero_memory.md with the model-state and the RSS table of a Ψ-parameter model."""
+    return f"zero_memory-states-psi{psi}", f"zero_memory-rss-psi{psi}"
+
+
+BLOCKS = tuple(name for psi in DOC_PSI for name in blocks(psi))
+
+
+def write_docs(results: dict[int, list[dict[str, Any]]], command: str) -> None:
+    """Rewrite the model-state and RSS tables of this run's Ψ in docs/zero_memory.md."""
+    psi = next(iter(results.values()))[0]["psi"]
+    states, rss = blocks(psi)
+    doc_tables.write_block(
+        DOC, states, command, f"Ψ = {psi:,}, N = {WORLD_SIZE}, MiB (2²⁰ bytes):\n\n" + states_table(results), PACKAGES
+    )
+    doc_tables.write_block(DOC, rss, command, rss_table(results), PACKAGES)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -391,7 +417,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--details", action="store_true", help="also print the largest storages of each category")
-    return parser.parse_args(argv)
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this Ψ's tables in {DOC.name}")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    if options.write_docs:
+        changed = [
+            f"--{k.replace('_', '-')}"
+            for k, v in vars(options).items()
+            if k not in (*SHAPE_OPTIONS, "write_docs", "details") and v != parser.get_default(k)
+        ]
+        if changed:
+            parser.error(f"--write-docs writes the tables of the documented settings; drop {', '.join(changed)}")
+    return options
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -432,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
     print(states_table(results) + "\n")
     print("Resident set size per rank, MiB:\n")
     print(rss_table(results))
+    if options.write_docs:
+        write_docs(results, doc_tables.command_line(__file__, argv if argv is not None else sys.argv[1:]))
     if options.details:
         for stage, reports in results.items():
             for report in reports:
