@@ -4,7 +4,8 @@ Builds a one-rank DeepSpeed engine over an MLP of about --params-millions parame
 state exists, then times full offload + reload cycles to host memory and to --nvme-dir, and reference copies of the
 same number of bytes measured in the same run: device <-> host copies into preallocated buffers (pinned on
 accelerators, plain memcpy on CPU-only machines), and a sequential write + read of a file in --nvme-dir. Prints a
-markdown table (docs/offload.md shows one and the command that made it).
+markdown table (docs/offload.md shows one and the command that made it); `--write-docs` rewrites the table of this
+run's allocator there (THP_MEM_ALLOC_ENABLE=1: huge pages; unset or 0: the default allocator).
 
     source scripts/cpu_env.sh && .venv/bin/python benchmarks/offload_bandwidth.py --params-millions 64
 """
@@ -15,18 +16,36 @@ import argparse
 import logging
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import doc_tables  # noqa: E402
+
 GB = 1e9
+DOC = REPO_ROOT / "docs" / "offload.md"
+PACKAGES = ("torch", "deepspeed")
+# torch reads THP_MEM_ALLOC_ENABLE at start-up: huge pages for its CPU allocator (scripts/cpu_env.sh sets it).
+HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
+BLOCKS = ("offload_bandwidth-default-allocator", "offload_bandwidth-huge-pages")
 
 
-def parse_args() -> argparse.Namespace:
+def block() -> str:
+    """The block of docs/offload.md for this process's allocator setting."""
+    return BLOCKS[os.environ.get(HUGE_PAGES, "0") not in ("", "0")]
+
+
+def build_parser() -> argparse.ArgumentParser:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params-millions", type=float, default=64.0, help="model size")
@@ -34,7 +53,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--nvme-dir", default=tempfile.gettempdir(), help="directory of the disk offload")
     parser.add_argument("--repeats", type=int, default=5, help="cycles per measurement; the best one counts")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a rank's core budget)")
-    return parser.parse_args()
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this allocator's table in {DOC.name}")
+    return parser
 
 
 def init_single_rank() -> None:
@@ -115,7 +135,7 @@ def references(nbytes: int, directory: str) -> dict[str, tuple[Callable[[], obje
 def main() -> None:
     """Measure in interleaved rounds (the best round counts, so that load from other processes hits every
     measurement alike) and print the table."""
-    args = parse_args()
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     init_single_rank()
     from deepspeed.accelerator import get_accelerator
@@ -134,21 +154,28 @@ def main() -> None:
                 cycles[device] = (offload.seconds, reload.seconds)
         for name, (run, moved) in work.items():
             rates[name] = max(rates.get(name, 0.0), moved / timed(run) / GB)
-    print(
+    reference = rates.get("memcpy", rates["copy"])
+    lines = [
         f"ZeRO-{args.stage}, {args.params_millions:g}M parameters (bf16, AdamW), {nbytes / GB:.2f} GB of states, "
         f"{get_accelerator().device_name()}, {args.threads} thread(s), disk: {args.nvme_dir}, "
-        f"best of {args.repeats} interleaved rounds\n"
-    )
-    reference = rates.get("memcpy", rates["copy"])
-    print("| measurement | offload GB/s | reload GB/s | round trip GB/s | of reference |")
-    print("|---|---:|---:|---:|---:|")
+        f"{HUGE_PAGES}={os.environ.get(HUGE_PAGES, '')}, "
+        f"best of {args.repeats} interleaved rounds:\n",
+        "| measurement | offload GB/s | reload GB/s | round trip GB/s | of reference |",
+        "|---|---:|---:|---:|---:|",
+    ]
     if "memcpy" in rates:
-        print(reference_row("reference: memcpy (glibc), preallocated destination", reference, reference))
-    print(reference_row("device -> host -> device copy_, preallocated buffers", rates["copy"], reference))
-    print(reference_row("copy into freshly allocated memory", rates["fresh"], reference))
-    print(offload_row("**offload_states + reload_states, host**", nbytes, cycles["cpu"], reference))
-    print(reference_row("reference: sequential write + read in the disk directory", rates["disk"], rates["disk"]))
-    print(offload_row("**offload_states + reload_states, nvme**", nbytes, cycles["nvme"], rates["disk"]))
+        lines.append(reference_row("reference: memcpy (glibc), preallocated destination", reference, reference))
+    lines += [
+        reference_row("device -> host -> device copy_, preallocated buffers", rates["copy"], reference),
+        reference_row("copy into freshly allocated memory", rates["fresh"], reference),
+        offload_row("**offload_states + reload_states, host**", nbytes, cycles["cpu"], reference),
+        reference_row("reference: sequential write + read in the disk directory", rates["disk"], rates["disk"]),
+        offload_row("**offload_states + reload_states, nvme**", nbytes, cycles["nvme"], rates["disk"]),
+    ]
+    command = doc_tables.command_line(__file__, sys.argv[1:], env=(HUGE_PAGES,))
+    print(f"{doc_tables.provenance(command, PACKAGES)}\n\n" + "\n".join(lines))
+    if args.write_docs:
+        doc_tables.write_block(DOC, block(), command, "\n".join(lines), PACKAGES)
 
 
 def reference_row(name: str, rate: float, reference: float) -> str:

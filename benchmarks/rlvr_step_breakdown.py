@@ -5,7 +5,10 @@ and averages the per-step metrics the pipeline logs: wall time of each phase, wo
 (the slowest rank of each role, summed over roles, which run one after another) and the overhead
 fraction `1 - worker compute / step time` (Ray dispatch, data transport, the driver's own work).
 
-    python benchmarks/rlvr_step_breakdown.py [--steps 20] [--skip 3] [hydra overrides ...]
+    python benchmarks/rlvr_step_breakdown.py [--steps 20] [--skip 3] [--write-docs] [hydra overrides ...]
+
+The phases are the ones the pipeline logged (`time/<phase>_s` for every phase roll/pipeline/rlvr names), in the
+order it ran them. `--write-docs` rewrites the table in docs/rlvr.md.
 """
 
 from __future__ import annotations
@@ -20,17 +23,14 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PHASES = (
-    "sync_weights",
-    "generate",
-    "rewards",
-    "reference_log_probs",
-    "old_log_probs",
-    "values",
-    "advantages",
-    "critic_update",
-    "actor_update",
-)
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import doc_tables  # noqa: E402
+
+DOC = REPO_ROOT / "docs" / "rlvr.md"
+BLOCKS = ("rlvr_step_breakdown",)
+PACKAGES = ("torch", "deepspeed", "transformers", "ray")
 
 
 def run(steps: int, overrides: list[str], output_dir: str) -> list[dict]:
@@ -61,11 +61,9 @@ def table(rows: list[dict]) -> str:
     """Mean seconds per phase and the overhead share, as a markdown table."""
     step_time = statistics.mean(r["time/step_s"] for r in rows)
     lines = ["| phase | mean s | share of step |", "|---|---|---|"]
-    for phase in PHASES:
-        key = f"time/{phase}_s"
-        if any(key in r for r in rows):
-            seconds = statistics.mean(r.get(key, 0.0) for r in rows)
-            lines.append(f"| {phase} | {seconds:.3f} | {seconds / step_time:.1%} |")
+    for phase in doc_tables.logged_phases(rows):
+        seconds = statistics.mean(r.get(f"time/{phase}_s", 0.0) for r in rows)
+        lines.append(f"| {phase} | {seconds:.3f} | {seconds / step_time:.1%} |")
     residency = statistics.mean(sum(v for k, v in r.items() if k.endswith("/residency_s")) for r in rows)
     compute = statistics.mean(r["time/worker_compute_s"] for r in rows)
     overhead = statistics.mean(r["time/overhead_fraction"] for r in rows)
@@ -78,16 +76,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    """Parse arguments, run, print the table."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options; anything else on the command line is a Hydra override of the run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the averages")
-    args, overrides = parser.parse_known_args()
-    sys.path.insert(0, str(REPO_ROOT))
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOC.name}")
+    return parser
+
+
+def main() -> None:
+    """Parse arguments, run, print the table (and write it)."""
+    args, overrides = build_parser().parse_known_args()
     with tempfile.TemporaryDirectory() as output_dir:
         rows = run(args.steps, overrides, output_dir)
-    print(table(rows[args.skip :]))
+    result = table(rows[args.skip :])
+    command = doc_tables.command_line(__file__, sys.argv[1:])
+    print(f"{doc_tables.provenance(command, PACKAGES)}\n\n{result}")
+    if args.write_docs:
+        doc_tables.write_block(DOC, BLOCKS[0], command, result, PACKAGES)
 
 
 if __name__ == "__main__":
