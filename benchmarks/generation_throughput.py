@@ -8,7 +8,8 @@ the engine it wraps (`LLM.generate` on the prompt token ids, or `model.generate`
 are timed alternately (ABBA) on the same greedy prompts, after two warm-up calls each; the fastest
 repeat counts. Tokens are the generated ones up to and including EOS, so early stops count the same
 for both. `vllm_compiled` is vLLM with torch.compile (`enforce_eager: false`). Prints a markdown
-table; see docs/inference_engines.md for the numbers and the choice of default engine on CPU.
+table; see docs/inference_engines.md for the numbers and the choice of default engine on CPU. `--write-docs`
+rewrites the table of this prompt count and length there.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks import doc_tables  # noqa: E402
 from roll.models.tiny import TinyModelSpec, make_tiny_model  # noqa: E402
+
+DOC = REPO_ROOT / "docs" / "inference_engines.md"
+PACKAGES = ("torch", "transformers", "deepspeed", "vllm")
+# The prompt counts x new tokens docs/inference_engines.md has tables of.
+DOC_SHAPES = ((64, 32), (512, 32))
 
 MODELS = {
     "tiny": TinyModelSpec(),
@@ -162,7 +169,15 @@ def parameter_count(model_dir: str) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118 (no __iter__)
 
 
-def main() -> None:
+def block(prompts: int, new_tokens: int) -> str:
+    """The block of docs/inference_engines.md with the table of `prompts` x `new_tokens`."""
+    return f"generation_throughput-{prompts}x{new_tokens}"
+
+
+BLOCKS = tuple(block(*shape) for shape in DOC_SHAPES)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -172,15 +187,23 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "roll-generation-benchmark"))
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this shape's table in {DOC.name}")
     parser.add_argument("--case", nargs=2, metavar=("ENGINE", "MODEL_DIR"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.case:
         print(json.dumps(run_case(args.case[0], args.case[1], args)))
         return
     options = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("prompts", "new_tokens", "repeats", "dtype")]
-    print(f"{args.prompts} prompts x {args.new_tokens} new tokens, greedy, {args.dtype}, {args.threads} threads\n")
-    print("| model | params | engine | start-up s | strategy tok/s | raw engine tok/s | wrapper overhead |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+    lines = [
+        f"{args.prompts} prompts x {args.new_tokens} new tokens, greedy, {args.dtype}, {args.threads} threads:\n",
+        "| model | params | engine | start-up s | strategy tok/s | raw engine tok/s | wrapper overhead |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    print("\n".join(lines), flush=True)
     for model in args.models:
         model_dir = str(make_tiny_model(Path(args.workdir) / model, MODELS[model]))
         params = parameter_count(model_dir)
@@ -188,15 +211,19 @@ def main() -> None:
             command = [sys.executable, __file__, *options, f"--threads={args.threads}", "--case", engine, model_dir]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode:
-                print(f"| {model} | {params / 1e6:.2f}M | {engine} | failed: {done.stderr.strip()[-300:]} |||||")
-                continue
-            r = json.loads(done.stdout.strip().splitlines()[-1])
-            overhead = 1 - r["strategy_tps"] / r["raw_tps"]
-            print(
-                f"| {model} | {params / 1e6:.2f}M | {engine} | {r['startup_s']:.1f} | {r['strategy_tps']:,.0f} "
-                f"| {r['raw_tps']:,.0f} | {overhead:+.1%} |",
-                flush=True,
-            )
+                lines.append(f"| {model} | {params / 1e6:.2f}M | {engine} | failed: {done.stderr.strip()[-300:]} |||||")
+            else:
+                r = json.loads(done.stdout.strip().splitlines()[-1])
+                overhead = 1 - r["strategy_tps"] / r["raw_tps"]
+                lines.append(
+                    f"| {model} | {params / 1e6:.2f}M | {engine} | {r['startup_s']:.1f} | {r['strategy_tps']:,.0f} "
+                    f"| {r['raw_tps']:,.0f} | {overhead:+.1%} |"
+                )
+            print(lines[-1], flush=True)
+    command = doc_tables.command_line(__file__, sys.argv[1:])
+    print(doc_tables.provenance(command, PACKAGES))
+    if args.write_docs:
+        doc_tables.write_block(DOC, block(args.prompts, args.new_tokens), command, "\n".join(lines), PACKAGES)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ slot 2 (the broadcast route: gloo from training rank 0). `source only` is the tr
 (every rank runs `iter_hf_weights`, gathering at ZeRO-3, and nothing is sent): the floor under
 every route, printed at stage 3 only (below it the export is free). memcpy is one thread copying
 a buffer of the model's size, the fastest a single worker could move the bytes. The fastest of
-`--repeats` syncs counts. Prints a markdown table; see docs/weight_sync.md.
+`--repeats` syncs counts. Prints a markdown table; see docs/weight_sync.md, whose table of this ZeRO stage
+`--write-docs` rewrites.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks import doc_tables  # noqa: E402
 from benchmarks.generation_throughput import MODELS  # noqa: E402
 from roll.models.tiny import make_tiny_model  # noqa: E402
 
@@ -36,6 +38,12 @@ TARGETS = {  # role name -> (strategy, device slot)
     "hf_infer_broadcast": ("hf_infer", "2"),
     "vllm_broadcast": ("vllm", "2"),
 }
+SOURCE_ONLY = "source only (export, gathers)"
+DOC = REPO_ROOT / "docs" / "weight_sync.md"
+PACKAGES = ("torch", "deepspeed", "vllm", "ray")
+STAGES = (0, 2, 3)
+# The ZeRO stages docs/weight_sync.md has a table of.
+DOC_STAGES = (3, 2)
 
 
 def memcpy_gb_per_s(nbytes: int, repeats: int) -> float:
@@ -71,13 +79,32 @@ def zero_block(stage: int) -> dict:
     return yaml.safe_load((REPO_ROOT / f"examples/config/{name}.yaml").read_text())[name]
 
 
-def main() -> None:
+def block(stage: int) -> str:
+    """The block of docs/weight_sync.md with the table of ZeRO `stage`."""
+    return f"weight_sync-zero{stage}"
+
+
+BLOCKS = tuple(block(stage) for stage in DOC_STAGES)
+
+
+def route_label(name: str) -> str:
+    """`hf_infer_colocated` -> `hf_infer, colocated`."""
+    engine, _, route = name.rpartition("_")
+    return f"{engine}, {route}" if engine else name
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="small")
-    parser.add_argument("--stage", type=int, choices=(0, 2, 3), default=3)
+    parser.add_argument("--stage", type=int, choices=STAGES, default=3)
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this stage's table in {DOC.name}")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     import ray
 
@@ -106,27 +133,32 @@ def main() -> None:
             best = min(best, time.perf_counter() - started)
         return best
 
-    seconds = {"source only": best_of(lambda: train.send_weights([bucket_bytes] * n, [[]] * n, [None] * n))}
+    seconds = {SOURCE_ONLY: best_of(lambda: train.send_weights([bucket_bytes] * n, [[]] * n, [None] * n))}
     nbytes = 0
     for name, cluster in infer.items():
         plan = plan_weight_sync(devices_per_worker(train.worker_config.devices, 1), [cluster.worker_config.devices])
         syncer = WeightSyncer(train, cluster, plan, bucket_bytes)
         metrics = syncer.sync()
         nbytes = int(metrics["sync/colocated_bytes"] + metrics["sync/broadcast_bytes"])
-        seconds[name] = best_of(syncer.sync)
+        seconds[route_label(name)] = best_of(syncer.sync)
     memcpy = memcpy_gb_per_s(nbytes, args.repeats)
     gigabytes = nbytes / 1e9
-    print(f"model {args.model}: {nbytes / 4e6:.1f}M parameters, {gigabytes:.3f} GB fp32, ZeRO-{args.stage} on 2 ranks,")
-    print(f"buckets of {args.bucket_mb} MiB; memcpy (1 thread) {memcpy:.2f} GB/s\n")
-    print("| route | seconds per sync | seconds per GB | GB/s | share of memcpy |")
-    print("|---|---|---|---|---|")
-    for name, value in seconds.items():
-        rate = gigabytes / value
-        print(f"| {name} | {value:.3f} | {value / gigabytes:.2f} | {rate:.2f} | {rate / memcpy:.0%} |")
     for cluster in [train, *infer.values()]:
         cluster.shutdown()
     manager.destroy()
     ray.shutdown()
+    lines = [
+        f"Model {args.model}: {nbytes / 4e6:.1f}M parameters, {gigabytes:.3f} GB fp32, ZeRO-{args.stage} on 2 ranks, "
+        f"buckets of {args.bucket_mb} MiB; memcpy (1 thread) {memcpy:.2f} GB/s:\n",
+        "| route | s per sync | s per GB | share of memcpy |",
+        "|---|---|---|---|",
+    ]
+    for name, value in seconds.items():
+        lines.append(f"| {name} | {value:.3f} | {value / gigabytes:.2f} | {gigabytes / value / memcpy:.0%} |")
+    command = doc_tables.command_line(__file__, sys.argv[1:])
+    print(f"{doc_tables.provenance(command, PACKAGES)}\n\n" + "\n".join(lines))
+    if args.write_docs:
+        doc_tables.write_block(DOC, block(args.stage), command, "\n".join(lines), PACKAGES)
 
 
 if __name__ == "__main__":
