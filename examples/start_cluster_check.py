@@ -1,21 +1,11 @@
-"""Check a Ray cluster and a device mapping: `python examples/start_cluster_check.py [overrides]`."""
+"""Check a Ray cluster and a device mapping: `python examples/start_cluster_check.py [--config-name NAME] [overrides]`.
 
-import hydra
-from omegaconf import DictConfig
+The same as the installed command `roll-cluster-check`, with the YAML of this folder's `config/`.
+"""
 
-from roll.configs.hydra_defaults import register_schema_defaults
-from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
-from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
-from roll.pipeline.entry import run_pipeline
+from pathlib import Path
 
-register_schema_defaults("cluster_check", ClusterCheckConfig)
-
-
-@hydra.main(config_path="config", config_name="cluster_check", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Compose the YAML, validate it, run the check."""
-    run_pipeline(cfg, ClusterCheckConfig, ClusterCheckPipeline)
-
+from roll.cli import run_entry
 
 if __name__ == "__main__":
-    main()
+    run_entry("cluster_check", config_dir=Path(__file__).resolve().parent / "config")

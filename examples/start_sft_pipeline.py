@@ -1,21 +1,11 @@
-"""Run the SFT pipeline: `python examples/start_sft_pipeline.py [--config-name NAME] [overrides]`."""
+"""Run the SFT pipeline: `python examples/start_sft_pipeline.py [--config-name NAME] [overrides]`.
 
-import hydra
-from omegaconf import DictConfig
+The same as the installed command `roll-sft`, with the YAML of this folder's `config/`.
+"""
 
-from roll.configs.hydra_defaults import register_schema_defaults
-from roll.pipeline.entry import run_pipeline
-from roll.pipeline.sft.sft_config import SFTConfig
-from roll.pipeline.sft.sft_pipeline import SFTPipeline
+from pathlib import Path
 
-register_schema_defaults("sft", SFTConfig)
-
-
-@hydra.main(config_path="config", config_name="sft_arithmetic", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Compose the YAML, validate it, run the pipeline."""
-    run_pipeline(cfg, SFTConfig, SFTPipeline)
-
+from roll.cli import run_entry
 
 if __name__ == "__main__":
-    main()
+    run_entry("sft", config_dir=Path(__file__).resolve().parent / "config")

@@ -3,6 +3,7 @@
 # makes later calls return at once until a requirement changes. Sourced by run.sh and test.sh.
 #   ROLL_VENV   where the virtual environment lives (default: <repo>/.venv)
 #   ROLL_PYTHON the interpreter that creates it (default: python3)
+#   ROLL_INSTALL_CHECK=1  only check: fail instead of installing when the environment is not current
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +22,10 @@ if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_value" ]]; then
   return 0 2>/dev/null || exit 0
 fi
 
+if [[ "${ROLL_INSTALL_CHECK:-0}" == 1 ]]; then
+  echo "[roll] $venv is not installed for these requirements: run bash scripts/setup_env.sh" >&2
+  return 1 2>/dev/null || exit 1
+fi
 echo "[roll] installing into $venv (first run, or a requirement changed) ..." >&2
 [[ -x "$venv/bin/python" ]] || "$python_bin" -m venv "$venv"
 pip_install() {

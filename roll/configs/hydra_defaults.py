@@ -59,8 +59,21 @@ def dataclass_in(tp: Any) -> type | None:
     return None
 
 
+# Where Hydra writes, for every pipeline: a single run's Hydra files beside its outputs' folder, and
+# each job of a sweep (`-m`) in a folder of its own under the run's, which the pipeline then writes
+# to (`run_dir`), so sibling jobs never overwrite each other and nothing lands in the working directory.
+HYDRA_OUTPUT = {
+    "run": {"dir": "${output_dir}/hydra/${exp_name}/${now:%Y%m%d-%H%M%S}"},
+    "sweep": {"dir": "${output_dir}/${exp_name}/sweep-${now:%Y%m%d-%H%M%S}", "subdir": "${hydra.job.num}"},
+}
+
+
 def register_schema_defaults(config_name: str, schema: type) -> str:
-    """Store `schema`'s defaults in Hydra's ConfigStore as `<config_name>_schema`; return that name."""
+    """Store `schema`'s defaults (and Hydra's output layout) in Hydra's ConfigStore as `<config_name>_schema`.
+
+    Returns the node's name.
+    """
     node_name = f"{config_name}_schema"
-    ConfigStore.instance().store(name=node_name, node=schema_defaults(schema))
+    hydra = HYDRA_OUTPUT | {"job": {"chdir": False, "name": config_name}}  # the name of Hydra's log file
+    ConfigStore.instance().store(name=node_name, node={"hydra": hydra, **schema_defaults(schema)})
     return node_name

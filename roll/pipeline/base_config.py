@@ -19,7 +19,7 @@ import psutil
 
 from roll.configs.data_config import DataArguments
 from roll.configs.model_dir import ModelFacts, read_model_dir
-from roll.configs.schema import SEED, ConfigError, Rule, check
+from roll.configs.schema import SEED, ConfigError, Rule, any_value, check
 from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import Problem, arithmetic_problems
 from roll.datasets.prompt_dataset import load_problems
@@ -48,6 +48,8 @@ class PipelineConfig:
     output_dir: str = field(
         default="./output", metadata=check(nonempty=True, expect="a directory for logs, checkpoints and exports")
     )
+    # This run's logs, checkpoints and exports. Each job of a Hydra sweep (`-m`) gets the folder Hydra made for it.
+    run_dir: str = field(default="", metadata=any_value("a directory; empty = <output_dir>/<exp_name>"))
     platform: Literal["auto", "cpu", "cuda", "rocm", "npu"] = "auto"
     num_nodes: int = field(default=1, metadata=check(ge=1))
     devices_per_node: int | None = field(
@@ -123,6 +125,7 @@ class PipelineConfig:
         current_platform.cache_clear()
         if self.devices_per_node is None:
             self.devices_per_node = self._local_device_count()
+        self.run_dir = self.run_dir or str(Path(self.output_dir) / self.exp_name)
         shape = self.cluster_shape()
         for name, role in self.roles().items():
             role.resolve(name, self.total_devices)

@@ -8,6 +8,7 @@ from typing import Any
 
 import ray
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from roll.configs.loader import load_pipeline_config, yaml_names
@@ -32,6 +33,9 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
     collective with the dead one).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN and not cfg.get("run_dir"):
+        cfg.run_dir = hydra.runtime.output_dir  # this sweep job's own folder, so its siblings' outputs survive
     try:
         config = load_pipeline_config(cfg, schema, yaml_names(_config_dirs()))
         if config.dry_run:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +32,26 @@ def test_every_entry_point_takes_dry_run(script: str, overrides: list[str]) -> N
     assert result.returncode == 0, result.stderr[-2000:]
     assert "nothing was started" in result.stdout and "== placement" in result.stdout
     assert "Started a local Ray instance" not in result.stderr
+
+
+def test_each_job_of_a_sweep_keeps_its_own_outputs(tmp_path) -> None:
+    """`roll-sft -m seed=1,2`: two jobs, each with its metrics, export and Hydra files, all under output_dir."""
+    command = ["roll-sft", "-m", "seed=1,2", "max_steps=1", "eval_steps=1", f"output_dir={tmp_path / 'out'}"]
+    result = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "out" / "sft").glob("sweep-*")
+    jobs = sorted(path for path in sweep.iterdir() if path.is_dir())
+    assert [job.name for job in jobs] == ["0", "1"]
+    for job, seed in zip(jobs, ("seed=1", "seed=2"), strict=True):
+        assert seed in (job / ".hydra" / "overrides.yaml").read_text()
+        metrics = [json.loads(line) for line in (job / "logs" / "metrics.jsonl").read_text().splitlines()]
+        assert any("val/accuracy" in row for row in metrics)
+        assert (job / "model" / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "nothing may land in the working directory"

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("roll.distributed.strategy",),
     ("roll.distributed.executor",),
     ("roll.pipeline",),
-    ("roll.env",),  # the environment report: a top-level tool like the pipelines, which nothing in roll imports
+    ("roll.env", "roll.cli"),  # top-level tools (environment report, console entry points) that nothing imports
 ]
 
 

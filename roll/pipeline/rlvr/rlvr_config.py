@@ -44,7 +44,7 @@ class RLVRConfig(PipelineConfig):
     eval_steps: int = field(default=10, metadata=check(ge=1))
     eval_batch_size: int = field(default=0, metadata=check(ge=0, hint="0 evaluates every held-out problem"))
     save_steps: int = field(default=0, metadata=check(ge=0, hint="0 saves only at the end"))
-    # A checkpoint directory, or "latest" under output_dir/exp_name/checkpoints.
+    # A checkpoint directory, or "latest" under run_dir/checkpoints.
     resume_from_checkpoint: str = field(
         default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")
     )
@@ -176,7 +176,7 @@ class RLVRConfig(PipelineConfig):
             self.check_generation_memory(self.actor_infer, facts["actor_infer"], prompts, samples, tokens, lower)
         if self.resume_from_checkpoint:
             requested = self.resume_from_checkpoint
-            root = Path(self.output_dir) / self.exp_name / "checkpoints"
+            root = Path(self.run_dir) / "checkpoints"
             tag = None if requested == "latest" else Path(requested).name
             try:
                 load_driver_state(root, tag)

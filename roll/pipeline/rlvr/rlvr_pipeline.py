@@ -54,7 +54,7 @@ class RLVRPipeline(BasePipeline):
         sampling = config.actor_infer.generating_args
         scaled = algorithm.log_prob_temperature == "sampling" and sampling.do_sample
         self.log_prob_temperature = sampling.temperature if scaled else 1.0
-        self.run_dir = Path(config.output_dir) / config.exp_name
+        self.run_dir = Path(config.run_dir)
         self._start_roles()
         self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
         infer = self.clusters["actor_infer"]

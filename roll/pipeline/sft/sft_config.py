@@ -21,7 +21,7 @@ class SFTConfig(PipelineConfig):
     eval_steps: int = field(default=100, metadata=check(ge=1))
     max_response_length: int = field(default=8, metadata=check(ge=1))
     export_dir: str = field(
-        default="", metadata=any_value("any directory to write the model to; empty = <output_dir>/<exp_name>/model")
+        default="", metadata=any_value("any directory to write the model to; empty = <run_dir>/model")
     )
     skip_if_exported: bool = False  # a finished export in export_dir is reused instead of retraining
     data: DataArguments = field(default_factory=DataArguments)
@@ -64,5 +64,5 @@ class SFTConfig(PipelineConfig):
 
     @property
     def model_export_dir(self) -> str:
-        """The export directory, defaulted under the output directory."""
-        return self.export_dir or f"{self.output_dir}/{self.exp_name}/model"
+        """The export directory, defaulted under the run directory."""
+        return self.export_dir or f"{self.run_dir}/model"

@@ -69,7 +69,7 @@ class SFTPipeline(BasePipeline):
             return accuracy
         actor = self.start_cluster("actor_train")
         actor.initialize()
-        tracker = MetricsTracker(f"{config.output_dir}/{config.exp_name}/logs")
+        tracker = MetricsTracker(f"{config.run_dir}/logs")
         progress = show_progress(range(1, config.max_steps + 1), desc="sft")
         accuracy = self.evaluate()
         tracker.log({"val/accuracy": accuracy}, 0)

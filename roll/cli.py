@@ -1,0 +1,71 @@
+"""Console entry points installed with the package: `roll-rlvr`, `roll-sft` and `roll-cluster-check`.
+
+Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
+`--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
+repository's `examples/config/` (the package is installed editable); with another install, point
+Hydra at a config directory with `--config-path`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import hydra
+from omegaconf import DictConfig
+
+from roll.configs.hydra_defaults import register_schema_defaults
+from roll.pipeline.base_config import PipelineConfig
+from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
+from roll.pipeline.entry import run_pipeline
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from roll.pipeline.sft.sft_config import SFTConfig
+from roll.pipeline.sft.sft_pipeline import SFTPipeline
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "examples" / "config"
+
+
+class Entry(NamedTuple):
+    """A pipeline as a command: its schema, its driver and the YAML it composes by default."""
+
+    schema: type[PipelineConfig]
+    pipeline_cls: type
+    config_name: str
+
+
+ENTRIES = {
+    "rlvr": Entry(RLVRConfig, RLVRPipeline, "rlvr_arithmetic"),
+    "sft": Entry(SFTConfig, SFTPipeline, "sft_arithmetic"),
+    "cluster_check": Entry(ClusterCheckConfig, ClusterCheckPipeline, "cluster_check"),
+}
+
+
+def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
+    """Compose the YAML from the command line's Hydra arguments, validate it, run pipeline `name`.
+
+    The schema's defaults are registered as the `<name>_schema` node the YAML lists first.
+    """
+    entry = ENTRIES[name]
+    register_schema_defaults(name, entry.schema)
+
+    def task(cfg: DictConfig) -> None:
+        run_pipeline(cfg, entry.schema, entry.pipeline_cls)
+
+    hydra.main(config_path=str(config_dir), config_name=entry.config_name, version_base=None)(task)()
+
+
+def rlvr() -> None:
+    """`roll-rlvr`: the RLVR pipeline (GRPO and friends), by default on the arithmetic task."""
+    run_entry("rlvr")
+
+
+def sft() -> None:
+    """`roll-sft`: supervised fine-tuning, by default the arithmetic warm start."""
+    run_entry("sft")
+
+
+def cluster_check() -> None:
+    """`roll-cluster-check`: collectives and every dispatch mode on two roles of a device mapping."""
+    run_entry("cluster_check")

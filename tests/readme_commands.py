@@ -1,0 +1,139 @@
+"""The shell commands README.md gives, and what the README test does with each.
+
+Commands are the lines of its ```bash blocks (continuation lines joined, comments dropped) and the
+inline code spans of its prose that start like a command (`bash ...`, `python ...`, `roll-...`).
+Each has a verdict in VERDICTS: `Run` with the command the test runs (the README's own, or a cheap
+form of it: fewer steps, `dry_run=true`, `--help`, `--collect-only`) or `Skip` with the reason it
+cannot run on this machine. A command added to the README without a verdict fails
+tests/unit/test_readme_commands.py; tests/integration/test_readme.py runs the `Run` ones in order,
+in a fresh copy of the repository.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+FENCED_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+INLINE_SPAN = re.compile(r"`([^`\n]+)`")
+# A prose code span is a command when it starts like one and has arguments (`ray` alone is a name).
+COMMAND_START = re.compile(r"(bash|python|pip|ray|roll-[\w-]+|tensorboard|source|export|sbatch|kubectl|[A-Z_]+=\S*) ")
+TRAILING_COMMENT = re.compile(r"\s+#\s.*$")
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run `command` (the README's, or a cheaper form doing the same thing) in the repository copy."""
+
+    command: str
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Not run on this machine, for `reason`."""
+
+    reason: str
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of a README's ```bash blocks and of its prose's code spans, in order, without repeats."""
+    found: list[str] = []
+    prose_parts, position = [], 0
+    for block in FENCED_BLOCK.finditer(text):
+        prose_parts.append(text[position : block.start()])
+        position = block.end()
+        if block.group(1) in ("bash", "sh", "shell"):
+            found += _block_commands(block.group(2))
+    prose_parts.append(text[position:])
+    for span in INLINE_SPAN.findall(" ".join(prose_parts).replace("\n", " ")):
+        if COMMAND_START.match(span):
+            found.append(" ".join(span.replace("\\|", "|").split()))
+    return list(dict.fromkeys(found))
+
+
+def _block_commands(block: str) -> list[str]:
+    commands, pending = [], ""
+    for line in block.splitlines():
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        command = " ".join(TRAILING_COMMENT.sub("", pending).split())
+        pending = ""
+        if command and not command.startswith("#"):
+            commands.append(command)
+    return commands
+
+
+def read_readme(repo_root: Path) -> list[str]:
+    """The commands of `repo_root`/README.md."""
+    return readme_commands((repo_root / "README.md").read_text())
+
+
+CLUSTER = "needs a multi-machine Ray cluster; tests/integration/test_deployment.py runs the route on a local head"
+GPU_INSTALL = "the CUDA install for GPU nodes: needs NVIDIA GPUs and download.pytorch.org, which this machine lacks"
+QUICK_RUN = "sft.max_steps=2 sft.eval_steps=2 max_steps=1 eval_steps=1"  # the whole main job, a step or two each
+VLLM_RUN = (
+    "bash scripts/run.sh devices_per_node=3 actor_infer.device_mapping=2 actor_infer.strategy_args.strategy_name=vllm"
+)
+COLLECT = "--collect-only -q"  # lint, then collect the chosen tests: the command works and selects tests
+
+VERDICTS: dict[str, Run | Skip] = {
+    "bash scripts/run.sh": Run(f"bash scripts/run.sh {QUICK_RUN}"),
+    "bash scripts/test.sh": Run(f"bash scripts/test.sh {COLLECT}"),
+    "source .venv/bin/activate": Run("source .venv/bin/activate"),
+    "roll-env": Run("roll-env"),
+    "tensorboard --logdir output/rlvr/logs/tensorboard": Run(
+        "tensorboard --logdir output/rlvr/logs/tensorboard --inspect | grep -q actor/loss"
+    ),
+    "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo": Run(
+        "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo dry_run=true"
+    ),
+    "bash scripts/run.sh sft.max_steps=100 sft.skip_if_exported=false seed=7": Run(
+        "bash scripts/run.sh sft.max_steps=100 sft.skip_if_exported=false seed=7 sft.dry_run=true dry_run=true"
+    ),
+    "roll-rlvr max_steps=50": Run("roll-rlvr max_steps=50 dry_run=true"),
+    "roll-rlvr -m seed=1,2 max_steps=50": Run("roll-rlvr -m seed=1,2 max_steps=50 dry_run=true"),
+    "bash scripts/test.sh tests/unit": Run(f"bash scripts/test.sh tests/unit {COLLECT}"),
+    "bash scripts/test.sh tests/integration": Run(f"bash scripts/test.sh tests/integration {COLLECT}"),
+    'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}'),
+    "roll-cluster-check": Run("roll-cluster-check rounds=1"),
+    "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true"),
+    "roll-rlvr --config-name rlvr_qwen2.5_0.5b_8gpu dry_run=true data.train_file= data.eval_file= "
+    "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
+    "&max_position_embeddings=32768\"'": Run(
+        "roll-rlvr --config-name rlvr_qwen2.5_0.5b_8gpu dry_run=true data.train_file= data.eval_file= "
+        "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
+        "&max_position_embeddings=32768\"'"
+    ),
+    VLLM_RUN: Run(f"{VLLM_RUN} dry_run=true"),
+    "export RAY_AUTH_MODE=token": Run("export RAY_AUTH_MODE=token"),
+    "RAY_ADDRESS=<head-ip>:6379 roll-rlvr num_nodes=2 devices_per_node=8": Skip(CLUSTER),
+    "RAY_ADDRESS=<head-ip>:6379 roll-cluster-check num_nodes=2 devices_per_node=1 actor_train.device_mapping=0-1 "
+    "actor_infer.device_mapping=1": Skip(CLUSTER),
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128": Skip(GPU_INSTALL),
+    "pip install --no-build-isolation -r requirements_common.txt": Skip(GPU_INSTALL),
+    "pip install -r requirements_gpu.txt": Skip(GPU_INSTALL),
+    "pip install --no-deps -e .": Skip(
+        f"{GPU_INSTALL}; run here it would point this environment's editable install at the test's copy"
+    ),
+    "source scripts/cpu_env.sh": Run("source scripts/cpu_env.sh"),
+    "python benchmarks/zero_memory.py --help": Run("python benchmarks/zero_memory.py --help"),
+    "python examples/start_rlvr_pipeline.py": Run("python examples/start_rlvr_pipeline.py dry_run=true"),
+    "ray start --head": Skip(CLUSTER),
+    "ray start --address=<head>:6379": Skip(CLUSTER),
+    "ray job submit": Skip(CLUSTER),
+    **{
+        f"python benchmarks/{name}.py": Run(f"python benchmarks/{name}.py --help")
+        for name in (
+            "zero_memory",
+            "memory_estimate",
+            "offload_bandwidth",
+            "generation_throughput",
+            "weight_sync",
+            "rlvr_step_breakdown",
+        )
+    },
+    "python benchmarks/compare_trl.py --model small|medium": Run("python benchmarks/compare_trl.py --help"),
+}
