@@ -117,22 +117,25 @@ def _span(text: str, path: Path, name: str) -> tuple[int, int]:
     return start, stop
 
 
-def read_block(path: Path, name: str) -> str:
-    """The text between block `name`'s markers, without the newlines next to them."""
+def _read(path: Path, name: str) -> str:
+    """The doc's text as stored (bytes decoded, no newline translation)."""
     if not path.is_file():
         raise MarkerError(f"{path}: no such file, so no block {name!r} ({markers(name)[0]})")
-    text = path.read_text()
+    return path.read_bytes().decode()
+
+
+def read_block(path: Path, name: str) -> str:
+    """The text between block `name`'s markers, without the newlines next to them."""
+    text = _read(path, name)
     start, stop = _span(text, path, name)
     return text[start:stop].strip("\n")
 
 
 def replace_block(path: Path, name: str, body: str) -> None:
     """Put `body` between block `name`'s markers in `path`, each marker on a line of its own; nothing else changes."""
-    if not path.is_file():
-        raise MarkerError(f"{path}: no such file, so no block {name!r} ({markers(name)[0]})")
-    text = path.read_text()
+    text = _read(path, name)
     start, stop = _span(text, path, name)
-    path.write_text(text[:start] + "\n" + body.strip("\n") + "\n" + text[stop:])
+    path.write_bytes((text[:start] + "\n" + body.strip("\n") + "\n" + text[stop:]).encode())
 
 
 def write_block(path: Path, name: str, command: str, text: str, packages: Sequence[str] = ("torch",)) -> None:
