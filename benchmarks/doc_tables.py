@@ -13,7 +13,6 @@ with a first line naming the command, without `--write-docs`, and the machine, t
 
 from __future__ import annotations
 
-import ast
 import datetime
 import os
 import platform
@@ -25,7 +24,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCS = REPO_ROOT / "docs"
 WRITE_DOCS = "--write-docs"
-RLVR_SOURCES = REPO_ROOT / "roll" / "pipeline" / "rlvr"
 
 
 class MarkerError(ValueError):
@@ -159,23 +157,11 @@ def upsert_rows(body: str, keyed_rows: Iterable[tuple[str, str]]) -> str:
 # ---- RLVR phases ------------------------------------------------------------------------------------------
 
 
-def rlvr_phase_names(sources: Path = RLVR_SOURCES) -> tuple[str, ...]:
-    """Every phase name the RLVR pipeline times, read from its source without importing it.
+def rlvr_phase_names() -> tuple[str, ...]:
+    """Every phase name an RLVR step may time, in step order (roll/pipeline/rlvr/phases.py declares them)."""
+    from roll.pipeline.rlvr.phases import STEP_PHASES
 
-    A phase is a `Phase("name", ...)` or `_phase("name", ...)` call: roll/pipeline/rlvr/phases.py declares
-    them in step order, and the pipeline builds combined ones in place (`reference_and_old_log_probs`).
-    phases.py comes first, then the other files in name order; each name once.
-    """
-    files = sorted(sources.glob("*.py"), key=lambda p: (p.name != "phases.py", p.name))
-    names: dict[str, None] = {}
-    for file in files:
-        calls = [n for n in ast.walk(ast.parse(file.read_text(), str(file))) if isinstance(n, ast.Call) and n.args]
-        for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
-            func, first = node.func, node.args[0]
-            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-            if called in ("Phase", "_phase") and isinstance(first, ast.Constant) and isinstance(first.value, str):
-                names[first.value] = None
-    return tuple(names)
+    return tuple(phase.name for phase in STEP_PHASES)
 
 
 def logged_phases(rows: Sequence[dict[str, float]], names: Sequence[str] | None = None) -> list[str]:

@@ -85,7 +85,7 @@ VERDICTS: dict[str, Run | Skip] = {
     "source .venv/bin/activate": Run("source .venv/bin/activate"),
     "roll-env": Run("roll-env"),
     "tensorboard --logdir output/rlvr/logs/tensorboard": Run(
-        "tensorboard --logdir output/rlvr/logs/tensorboard --inspect | grep -q actor/loss"
+        "tensorboard --logdir output/rlvr/logs/tensorboard --inspect | grep actor/loss > /dev/null"
     ),
     "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo": Run(
         "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo dry_run=true"

@@ -41,6 +41,9 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         if config.dry_run:
             print("\n".join(dry_run_report(config, cluster_nodes(config))), flush=True)
             return None
+        finished = pipeline_cls.finished_result(config)
+        if finished is not None:
+            return finished
         pipeline = pipeline_cls(config)
     except PlacementError as exc:
         print(f"placement error: {exc}", file=sys.stderr, flush=True)

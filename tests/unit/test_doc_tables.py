@@ -91,13 +91,12 @@ def test_command_line_drops_write_docs_and_names_the_environment(monkeypatch: py
     assert command == "THP_MEM_ALLOC_ENABLE=0 python benchmarks/b.py --n 2 'a=${b}'"
 
 
-def test_rlvr_phase_names_cover_phases_py_and_the_combined_phase() -> None:
+def test_rlvr_phase_names_are_every_phase_phases_py_declares() -> None:
     from roll.pipeline.rlvr import phases
 
     declared = [v.name for v in vars(phases).values() if isinstance(v, phases.Phase)]
-    names = doc_tables.rlvr_phase_names()
-    assert list(names[: len(declared)]) == declared  # phases.py first, in its order
-    assert "reference_and_old_log_probs" in names
+    assert list(doc_tables.rlvr_phase_names()) == declared, "add the new phase to phases.STEP_PHASES"
+    assert "reference_and_old_log_probs" in declared
 
 
 def test_step_breakdown_table_shows_every_logged_phase_in_run_order() -> None:

@@ -32,10 +32,25 @@ GENERATE = _phase("generate", "actor_infer")
 REWARDS = _phase("rewards")
 REFERENCE_LOG_PROBS = _phase("reference_log_probs", "reference")
 OLD_LOG_PROBS = _phase("old_log_probs", "actor_train")
+# Both passes at once, when the reference and actor_train are on disjoint devices.
+REFERENCE_AND_OLD_LOG_PROBS = _phase("reference_and_old_log_probs", "reference", "actor_train")
 VALUES = _phase("values", "critic")
 ADVANTAGES = _phase("advantages")
 CRITIC_UPDATE = _phase("critic_update", "critic")
 ACTOR_UPDATE = _phase("actor_update", "actor_train")
+# Every phase a step may time, in step order (benchmarks list their timings in it).
+STEP_PHASES = (
+    SYNC_WEIGHTS,
+    GENERATE,
+    REWARDS,
+    REFERENCE_LOG_PROBS,
+    OLD_LOG_PROBS,
+    REFERENCE_AND_OLD_LOG_PROBS,
+    VALUES,
+    ADVANTAGES,
+    CRITIC_UPDATE,
+    ACTOR_UPDATE,
+)
 
 
 class Residency:

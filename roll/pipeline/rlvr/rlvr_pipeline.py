@@ -161,8 +161,7 @@ class RLVRPipeline(BasePipeline):
             passes.append(("actor_train", phases.OLD_LOG_PROBS, "old_log_probs"))
         if len(passes) == 2 and set(config.reference.devices).isdisjoint(train.devices):
             # On devices of their own, the reference and actor_train score the batch at the same time.
-            resident = phases.REFERENCE_LOG_PROBS.resident | phases.OLD_LOG_PROBS.resident
-            with timed(phases.Phase("reference_and_old_log_probs", resident), timings):
+            with timed(phases.REFERENCE_AND_OLD_LOG_PROBS, timings):
                 futures = [(key, clusters[role].compute_log_probs(batch, blocking=False)) for role, _, key in passes]
                 for key, future in futures:
                     batch = batch.union(future.get().rename("log_probs", key))

@@ -60,13 +60,17 @@ class SFTPipeline(BasePipeline):
         )
         return accuracy
 
+    @classmethod
+    def finished_result(cls, config: SFTConfig) -> float | None:
+        """With `skip_if_exported`, the held-out accuracy of a finished export in `export_dir` (None: train)."""
+        accuracy = exported_accuracy(config.model_export_dir) if config.skip_if_exported else None
+        if accuracy is not None:
+            print(f"SFT model already exported in {config.model_export_dir} (val accuracy {accuracy:.2f})")
+        return accuracy
+
     def run(self) -> float:
         """Train, evaluate every `eval_steps`, export; return the final held-out accuracy."""
         config = self.config
-        if config.skip_if_exported and exported_accuracy(config.model_export_dir) is not None:
-            accuracy = exported_accuracy(config.model_export_dir)
-            print(f"SFT model already exported in {config.model_export_dir} (val accuracy {accuracy:.2f})")
-            return accuracy
         actor = self.start_cluster("actor_train")
         actor.initialize()
         tracker = MetricsTracker(f"{config.run_dir}/logs")
