@@ -2,23 +2,67 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 
 RewardFunction = Callable[[str, str, str], float]
 
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+GSM8K_MARK = "####"
+
+
+def final_answer(text: str) -> str:
+    """Where `text` states its final answer: inside its last `<answer>` tag, after GSM8K's last `####`, else all of it.
+
+    math-verify then reads the last `\\boxed{}` of what is left, or its last number or expression.
+    """
+    tagged = ANSWER_TAG.findall(text)
+    if tagged:
+        return tagged[-1]
+    if GSM8K_MARK in text:
+        return text.rpartition(GSM8K_MARK)[2]
+    return text
+
 
 def math_reward(prompt: str, response: str, answer: str) -> float:
-    """1.0 when the response's final answer equals `answer` mathematically (math-verify), else 0.0."""
+    """1.0 when the response's final answer equals `answer`'s mathematically (math-verify), else 0.0.
+
+    `answer` may be a bare value, a GSM8K solution ending in `#### N`, or a MATH solution with `\\boxed{}`.
+    """
     from math_verify import parse, verify
 
     # math-verify's own timeouts use SIGALRM, which only the main thread may set.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = parse(answer, parsing_timeout=timeout)
-    predicted = parse(response, parsing_timeout=timeout)
+    gold = parse(final_answer(answer), parsing_timeout=timeout)
+    predicted = parse(final_answer(response), parsing_timeout=timeout)
     return 1.0 if gold and predicted and verify(gold, predicted, timeout_seconds=timeout) else 0.0
 
 
 def exact_match_reward(prompt: str, response: str, answer: str) -> float:
     """1.0 when the stripped response is exactly `answer`."""
     return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def format_reward_for(pattern: str) -> RewardFunction:
+    """A format reward: 1.0 when the whole stripped response matches the regular expression `pattern`, else 0.0.
+
+    For markup of your own, define `my_format = format_reward_for(r"...")` in a module of yours and name
+    it in `reward_fn`.
+    """
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def reward(prompt: str, response: str, answer: str) -> float:
+        """1.0 when the response has the expected markup."""
+        return 1.0 if compiled.fullmatch(response.strip()) else 0.0
+
+    return reward
+
+
+# The markups in common use; the response must end with its answer.
+answer_tag_format_reward = format_reward_for(r"(?:(?!<answer>).)*<answer>(?:(?!</?answer>).)+</answer>")
+think_answer_format_reward = format_reward_for(
+    r"<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)+</answer>"
+)
+boxed_format_reward = format_reward_for(r".*\\boxed\{.+\}[\s.$]*")
+gsm8k_format_reward = format_reward_for(r".*####\s*-?[\d,]+(?:\.\d+)?")

@@ -10,14 +10,14 @@ them (six `KeyError: '/mp-...'` tracebacks at the end of a run) or left in /dev/
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
 from roll.utils.imports import import_object
 
-_reward_fn: Callable[[str, str, str], float] | None = None
+_reward_fns: dict[str, Callable[[str, str, str], float]] = {}
 
 Sample = tuple[str, str, str]  # (prompt, response, answer)
 
@@ -34,41 +34,54 @@ def import_reward_fn(dotted: str) -> Callable[[str, str, str], float]:
     return fn
 
 
-def load_reward_fn(dotted: str) -> None:
-    """Import the reward function once per child process."""
-    global _reward_fn
-    _reward_fn = import_reward_fn(dotted)
+def load_reward_fns(dotted: Sequence[str]) -> None:
+    """Import the reward functions once per child process."""
+    global _reward_fns
+    _reward_fns = {path: import_reward_fn(path) for path in dotted}
 
 
-def score(prompt: str, response: str, answer: str) -> float:
-    """Score one sample with the loaded reward function."""
-    return float(_reward_fn(prompt, response, answer))  # type: ignore[misc]
+def score(prompt: str, response: str, answer: str) -> list[float]:
+    """Score one sample with each loaded reward function; RewardFunctionError names the one that raised."""
+    scores = []
+    for path, fn in _reward_fns.items():
+        try:
+            scores.append(float(fn(prompt, response, answer)))
+        except Exception as exc:  # any failure of user code is the parent's to count
+            raise RewardFunctionError(f"{path}: {type(exc).__name__}: {exc}") from exc
+    return scores
 
 
-def serve(conn: Connection, dotted: str) -> None:
-    """Child process: answer each sample received on `conn` with `(True, score)` or `(False, error)`.
+def serve(conn: Connection, dotted: Sequence[str]) -> None:
+    """Child process: answer each sample received on `conn` with `(True, scores)` or `(False, error)`.
 
     Returns when the parent closes its end of the pipe.
     """
-    load_reward_fn(dotted)
+    load_reward_fns(dotted)
     while True:
         try:
             sample = conn.recv()
         except EOFError:
             return
         try:
-            reply: tuple[bool, float | str] = (True, score(*sample))
-        except Exception as exc:  # any failure of user code is the parent's to count
-            reply = (False, f"{type(exc).__name__}: {exc}")
+            reply: tuple[bool, list[float] | str] = (True, score(*sample))
+        except RewardFunctionError as exc:
+            reply = (False, str(exc))
         conn.send(reply)
 
 
 class Scorer:
-    """The parent side: one child process running `reward_fn`, replaced when it hangs or dies."""
+    """The parent side: one child process running the reward functions, replaced when it hangs or dies.
 
-    def __init__(self, context: BaseContext, reward_fn: str) -> None:
+    A sample's score is the weighted sum of the functions' scores (weights default to 1 each); when one
+    of them raises, the sample fails as a whole.
+    """
+
+    def __init__(self, context: BaseContext, reward_fn: str | Sequence[str], weights: Sequence[float] = ()) -> None:
         self._context = context
-        self._reward_fn = reward_fn
+        self._reward_fns = (reward_fn,) if isinstance(reward_fn, str) else tuple(reward_fn)
+        self._weights = tuple(weights) or (1.0,) * len(self._reward_fns)
+        if len(self._weights) != len(self._reward_fns):
+            raise ValueError(f"{len(self._reward_fns)} reward functions but {len(self._weights)} weights")
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._start()
@@ -76,7 +89,7 @@ class Scorer:
     def _start(self) -> None:
         parent_conn, child_conn = self._context.Pipe()
         self._process = self._context.Process(
-            target=serve, args=(child_conn, self._reward_fn), name="reward-scorer", daemon=True
+            target=serve, args=(child_conn, self._reward_fns), name="reward-scorer", daemon=True
         )
         self._process.start()
         child_conn.close()
@@ -98,7 +111,7 @@ class Scorer:
         ok, value = reply
         if not ok:
             raise RewardFunctionError(value)
-        return value
+        return sum(weight * term for weight, term in zip(self._weights, value, strict=True))
 
     def _stop(self, grace_s: float) -> int | None:
         """Close the pipe, wait `grace_s` for the child to exit, else kill it; its exit code."""

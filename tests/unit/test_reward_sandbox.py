@@ -37,7 +37,7 @@ def scorer() -> Iterator[Scorer]:
 
 def test_scores_and_failures(scorer: Scorer) -> None:
     assert scorer.score(("1+1=", "2", "2"), timeout_s=30) == 1.0
-    with pytest.raises(RewardFunctionError, match="ValueError: cannot parse"):
+    with pytest.raises(RewardFunctionError, match="picky_reward: ValueError: cannot parse"):
         scorer.score(("1+1=", "raise", "2"), timeout_s=30)
     assert scorer.score(("1+1=", "3", "2"), timeout_s=30) == 0.0
 

@@ -24,13 +24,15 @@ class RewardWorker(Worker):
     def initialize(self) -> None:
         """Load the tokenizer and start the scoring process."""
         config = self.worker_config
-        reward_sandbox.import_reward_fn(config.reward_fn)  # fail at start-up, not once per sample
+        for dotted in config.reward_fns:  # fail at start-up, not once per sample
+            reward_sandbox.import_reward_fn(dotted)
         self.tokenizer = load_tokenizer(config.model_args.model_name_or_path)
         # Children fork from a server that has the reward function's module imported already, so
         # replacing a hung child costs milliseconds.
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([reward_sandbox.__name__, config.reward_fn.rpartition(".")[0]])
-        self._scorer = reward_sandbox.Scorer(context, config.reward_fn)
+        modules = [dotted.rpartition(".")[0] for dotted in config.reward_fns]
+        context.set_forkserver_preload([reward_sandbox.__name__, *modules])
+        self._scorer = reward_sandbox.Scorer(context, config.reward_fns, config.reward_weights)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_rewards(self, batch: DataProto) -> DataProto:

@@ -15,9 +15,22 @@ from roll.pipeline.checkpoint_state import load_driver_state
 from roll.rewards.sandbox import import_reward_fn
 
 
+def _dotted_paths(value: str | list[str], path: str) -> None:
+    """A dotted import path, or a non-empty list of distinct ones."""
+    paths = [value] if isinstance(value, str) else value
+    if not paths or len(set(paths)) != len(paths):
+        raise ConfigError(f"{path}={value!r}: give one dotted path or a list of distinct ones")
+    for i, item in enumerate(paths):
+        DOTTED_PATH.check(item, path if isinstance(value, str) else f"{path}[{i}]")
+
+
 @dataclass
 class RewardConfig(WorkerConfig):
-    """A reward cluster: the samples of its `domains`, scored by `reward_fn` with a per-sample timeout."""
+    """A reward cluster: the samples of its `domains`, scored by `reward_fn` with a per-sample timeout.
+
+    Several reward functions (a list in `reward_fn`) score a sample by their sum weighted by
+    `reward_weights`.
+    """
 
     worker_cls: str = field(default="roll.pipeline.rlvr.reward_worker.RewardWorker", metadata=check(WORKER_CLS))
     world_size: int | None = field(default=1, metadata=check(ge=1))
@@ -25,8 +38,19 @@ class RewardConfig(WorkerConfig):
         default_factory=lambda: ["math"],
         metadata=check(nonempty=True, items=NAME, expect="the domains this cluster scores, e.g. [math]"),
     )
-    reward_fn: str = field(default="roll.rewards.functions.math_reward", metadata=check(DOTTED_PATH))
+    reward_fn: str | list[str] = field(
+        default="roll.rewards.functions.math_reward", metadata=check(parse=_dotted_paths, bad="not valid!")
+    )
+    reward_weights: list[float] = field(
+        default_factory=list,
+        metadata=check(items=Rule(ge=0), hint="one weight per reward_fn entry; empty weighs each 1", bad=[-1.0]),
+    )
     timeout_s: float = field(default=10.0, metadata=check(gt=0))
+
+    @property
+    def reward_fns(self) -> list[str]:
+        """The reward functions' dotted paths."""
+        return [self.reward_fn] if isinstance(self.reward_fn, str) else list(self.reward_fn)
 
 
 @dataclass
@@ -145,10 +169,16 @@ class RLVRConfig(PipelineConfig):
         if algorithm.needs_reference and self.reference is None:
             raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
         for key, reward in self.rewards.items():
-            try:
-                import_reward_fn(reward.reward_fn)
-            except ValueError as exc:
-                raise ConfigError(f"rewards.{key}.reward_fn: {exc}") from exc
+            for dotted in reward.reward_fns:
+                try:
+                    import_reward_fn(dotted)
+                except ValueError as exc:
+                    raise ConfigError(f"rewards.{key}.reward_fn: {exc}") from exc
+            if reward.reward_weights and len(reward.reward_weights) != len(reward.reward_fns):
+                raise ConfigError(
+                    f"rewards.{key}.reward_weights has {len(reward.reward_weights)} weights for "
+                    f"{len(reward.reward_fns)} reward_fn entries; give one weight per entry, or none to weigh each 1"
+                )
         domains = [d for reward in self.rewards.values() for d in reward.domains]
         if len(domains) != len(set(domains)):
             raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")
@@ -166,7 +196,9 @@ class RLVRConfig(PipelineConfig):
             f"data.max_prompt_length={self.data.max_prompt_length} + "
             f"actor_infer.generating_args.max_new_tokens={generating.max_new_tokens}",
         )
-        _, held_out = self.check_data(self.data, self.rollout_batch_size, "rollout_batch_size")
+        _, held_out = self.check_data(
+            self.data, self.rollout_batch_size, "rollout_batch_size", self.actor_train.model_args.model_name_or_path
+        )
         evaluated = min(len(held_out), self.eval_batch_size or len(held_out))
         lower = (
             "actor_infer.generating_args.max_new_tokens, actor_infer.infer_batch_size or "
