@@ -13,17 +13,10 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 
-@pytest.mark.parametrize(
-    ("script", "overrides"),
-    [
-        ("start_rlvr_pipeline.py", ["pretrain=tiny://qwen2"]),
-        ("start_sft_pipeline.py", []),
-        ("start_cluster_check.py", []),
-    ],
-)
-def test_every_entry_point_takes_dry_run(script: str, overrides: list[str]) -> None:
+def test_a_dry_run_starts_no_ray() -> None:
+    """The shared entry code validates and prints the plan only (the README test dry-runs the other pipelines)."""
     result = subprocess.run(
-        [sys.executable, f"examples/{script}", "dry_run=true", *overrides],
+        [sys.executable, "examples/start_cluster_check.py", "dry_run=true"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -34,6 +27,7 @@ def test_every_entry_point_takes_dry_run(script: str, overrides: list[str]) -> N
     assert "Started a local Ray instance" not in result.stderr
 
 
+@pytest.mark.slow
 def test_each_job_of_a_sweep_keeps_its_own_outputs(tmp_path) -> None:
     """`roll-sft -m seed=1,2`: two jobs, each with its metrics, export and Hydra files, all under output_dir."""
     command = ["roll-sft", "-m", "seed=1,2", "max_steps=1", "eval_steps=1", f"output_dir={tmp_path / 'out'}"]
