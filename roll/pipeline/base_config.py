@@ -19,7 +19,7 @@ import psutil
 
 from roll.configs.data_config import DataArguments
 from roll.configs.model_dir import ModelFacts, read_model_dir
-from roll.configs.schema import SEED, ConfigError, Rule, any_value, check
+from roll.configs.schema import SEED, ConfigError, Rule, any_value, check, closest_spelling
 from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import Problem, arithmetic_problems
 from roll.datasets.prompt_dataset import load_problems
@@ -29,9 +29,20 @@ from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import check_strategy_args, strategy_class
 from roll.models.memory_estimate import tiny_shape
 from roll.models.tiny import TINY_SCHEME
+from roll.utils.trackers import TRACKER_PACKAGES, missing_packages
 
 # Used as a directory name under output_dir.
 EXP_NAME = Rule(pattern=r"\w[\w.-]*", expect="a directory name of letters, digits, '_', '.' and '-'")
+
+
+def _tracker_names(value: str | list[str], path: str) -> None:
+    """One tracker name or a list of them."""
+    for name in [value] if isinstance(value, str) else value:
+        if name not in TRACKER_PACKAGES:
+            choices = ", ".join(TRACKER_PACKAGES)
+            raise ConfigError(
+                f"{path}={value!r}: {name!r} is not one of {choices}{closest_spelling(name, TRACKER_PACKAGES)}"
+            )
 
 
 @dataclass
@@ -73,6 +84,14 @@ class PipelineConfig:
     )
     # Validate, print the plan (placement, batches, memory per rank) and exit without starting any actor.
     dry_run: bool = False
+    # Experiment trackers: TensorBoard events and metrics.jsonl are always written; wandb, swanlab and mlflow
+    # (one name or a list) also get the metrics, the config and sample tables.
+    tracker: str | list[str] = field(default="tensorboard", metadata=check(parse=_tracker_names, bad="tensorbord"))
+
+    @property
+    def trackers(self) -> list[str]:
+        """The requested trackers' names."""
+        return [self.tracker] if isinstance(self.tracker, str) else list(self.tracker)
 
     @property
     def total_devices(self) -> int:
@@ -126,6 +145,11 @@ class PipelineConfig:
         if self.devices_per_node is None:
             self.devices_per_node = self._local_device_count()
         self.run_dir = self.run_dir or str(Path(self.output_dir) / self.exp_name)
+        for name, package in missing_packages(self.trackers).items():
+            raise ConfigError(
+                f"tracker={name} needs the {package} package, which is not installed: pip install {package} "
+                f"(or remove {name} from tracker)"
+            )
         shape = self.cluster_shape()
         for name, role in self.roles().items():
             role.resolve(name, self.total_devices)

@@ -1,4 +1,5 @@
-"""Metrics of a run: TensorBoard events, a JSONL history, PNG plots of the main curves, and progress output."""
+"""Metrics of a run: TensorBoard events, a JSONL history, PNG plots of the main curves, external trackers
+(roll.utils.trackers), and progress output."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Generic, Protocol, TextIO, TypeVar
+from typing import Any, Generic, Protocol, TextIO, TypeVar
+
+from roll.utils.trackers import open_trackers
 
 T = TypeVar("T")
 
@@ -21,9 +24,20 @@ PLOTTED = {
 
 
 class MetricsTracker:
-    """Writes every logged step to TensorBoard and `metrics.jsonl` under `log_dir`; plots on `close`."""
+    """Writes every logged step to TensorBoard, `metrics.jsonl` under `log_dir` and the external `trackers`.
 
-    def __init__(self, log_dir: str, resume_history: bool = False) -> None:
+    The external trackers (wandb, swanlab, mlflow) also get the run's `config` and the sample tables;
+    `close` writes the plots.
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        resume_history: bool = False,
+        trackers: Sequence[str] = (),
+        run_name: str = "",
+        config: dict[str, Any] | None = None,
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
@@ -35,6 +49,7 @@ class MetricsTracker:
         elif self.history_file.exists():
             self.history_file.unlink()
         self.writer = SummaryWriter(str(self.log_dir / "tensorboard"))
+        self.external = open_trackers(trackers, self.log_dir, run_name or self.log_dir.parent.name, config or {})
 
     def truncate(self, step: int) -> None:
         """Forget steps after `step` (a resumed run recomputes them)."""
@@ -47,10 +62,20 @@ class MetricsTracker:
         self.history.append(row)
         with self.history_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        for key, value in metrics.items():
-            if math.isfinite(value):
-                self.writer.add_scalar(key, value, step)
+        finite = {key: float(value) for key, value in metrics.items() if math.isfinite(value)}
+        for key, value in finite.items():
+            self.writer.add_scalar(key, value, step)
         self.writer.flush()
+        for tracker in self.external:
+            tracker.log(finite, step)
+
+    def log_samples(self, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """Record generated samples at `step`: `samples.jsonl` under `log_dir` and a table in each external tracker."""
+        with (self.log_dir / "samples.jsonl").open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **dict(zip(columns, row, strict=True))}) + "\n")
+        for tracker in self.external:
+            tracker.log_table("samples", columns, rows, step)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """Steps and values of one metric across the history."""
@@ -83,8 +108,10 @@ class MetricsTracker:
         return paths
 
     def close(self) -> list[Path]:
-        """Flush TensorBoard and write the plots."""
+        """Flush TensorBoard, end the external trackers' runs and write the plots."""
         self.writer.close()
+        for tracker in self.external:
+            tracker.close()
         return self.plot()
 
 

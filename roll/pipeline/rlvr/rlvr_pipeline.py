@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -219,7 +220,13 @@ class RLVRPipeline(BasePipeline):
         }
 
     def _log_samples(self, batch: DataProto, step: int) -> None:
-        for i in range(min(self.config.num_log_samples, len(batch))):
+        texts, scores = batch.non_tensor_batch, batch.batch["scores"]
+        rows = [
+            [str(texts["prompt"][i]), str(texts["response_text"][i]), str(texts["answer"][i]), scores[i].item()]
+            for i in range(min(self.config.num_log_samples, len(batch)))
+        ]
+        self.tracker.log_samples(["prompt", "response", "answer", "score"], rows, step)
+        for i in range(len(rows)):
             logger.info(
                 "step %d sample %d: %r -> %r (answer %r, score %.1f)",
                 step,
@@ -288,7 +295,13 @@ class RLVRPipeline(BasePipeline):
         if config.resume_from_checkpoint:
             state = self.resume()
             start_step, accuracies = state["step"], state["val_accuracy_history"]
-        tracker = MetricsTracker(str(self.run_dir / "logs"), resume_history=bool(config.resume_from_checkpoint))
+        self.tracker = tracker = MetricsTracker(
+            str(self.run_dir / "logs"),
+            resume_history=bool(config.resume_from_checkpoint),
+            trackers=config.trackers,
+            run_name=config.exp_name,
+            config=dataclasses.asdict(config),
+        )
         if start_step:
             tracker.truncate(start_step)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -73,7 +74,12 @@ class SFTPipeline(BasePipeline):
         config = self.config
         actor = self.start_cluster("actor_train")
         actor.initialize()
-        tracker = MetricsTracker(f"{config.run_dir}/logs")
+        tracker = MetricsTracker(
+            f"{config.run_dir}/logs",
+            trackers=config.trackers,
+            run_name=config.exp_name,
+            config=dataclasses.asdict(config),
+        )
         progress = show_progress(range(1, config.max_steps + 1), desc="sft")
         accuracy = self.evaluate()
         tracker.log({"val/accuracy": accuracy}, 0)
