@@ -124,6 +124,15 @@ class WorkerConfig:
     num_devices_per_worker: int = field(default=1, metadata=check(ge=1))
     num_cpus_per_worker: float = field(default=1.0, metadata=check(gt=0))
     infer_batch_size: int = field(default=8, metadata=check(ge=1, hint="rows per forward or generation micro-batch"))
+    # Micro-batches of the train step and the forward passes formed by tokens instead of rows: at most this
+    # many tokens each (rows x longest real prompt + longest real response), padding trimmed. None keeps
+    # per_device_train_batch_size / infer_batch_size rows per micro-batch.
+    max_tokens_per_microbatch: int | None = field(
+        default=None, metadata=check(ge=1, hint="null keeps fixed-size micro-batches")
+    )
+    # Several sequences concatenated into one row of up to max_tokens_per_microbatch tokens (no padding),
+    # attention kept inside each sequence. Without a budget: see resolve_token_budget.
+    sequence_packing: bool = False
     model_args: ModelArguments = field(default_factory=ModelArguments)
     strategy_args: StrategyArguments | None = None
     training_args: TrainingArguments = field(default_factory=TrainingArguments)
@@ -178,6 +187,23 @@ class WorkerConfig:
             )
         self.devices = devices
         self.world_size = implied
+
+    def resolve_token_budget(self, tokens: int, spelled_out: str) -> None:
+        """Check the token budget against the longest possible sequence of `tokens` (`spelled_out` by field).
+
+        Packing without a budget packs up to the tokens of the role's largest padded micro-batch:
+        max(per_device_train_batch_size, infer_batch_size) rows of `tokens`.
+        """
+        if self.sequence_packing and self.max_tokens_per_microbatch is None:
+            self.max_tokens_per_microbatch = (
+                max(self.training_args.per_device_train_batch_size, self.infer_batch_size) * tokens
+            )
+        budget = self.max_tokens_per_microbatch
+        if budget is not None and budget < tokens:
+            raise ConfigError(
+                f"{self.name}.max_tokens_per_microbatch={budget} is less than the longest possible sequence, "
+                f"{spelled_out} = {tokens} tokens; raise {self.name}.max_tokens_per_microbatch to at least {tokens}"
+            )
 
     @property
     def dp_size(self) -> int:

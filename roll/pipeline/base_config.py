@@ -203,7 +203,9 @@ class PipelineConfig:
         return facts
 
     def check_lengths(self, facts: dict[str, ModelFacts], tokens: int, spelled_out: str) -> None:
-        """A sequence of `tokens` (prompt and response, `spelled_out` by field) fits every model's positions."""
+        """A sequence of `tokens` (prompt + response, `spelled_out` by field) fits every model and token budget."""
+        for role in self.roles().values():
+            role.resolve_token_budget(tokens, spelled_out)
         for name, model in facts.items():
             if model.max_positions is not None and tokens > model.max_positions:
                 raise ConfigError(

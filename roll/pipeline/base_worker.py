@@ -17,6 +17,7 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.strategy import MICRO_BATCHES_IN_STEP, STEP_BATCH
 from roll.models.model_providers import ModelKind
 from roll.utils import ppo_losses
 from roll.utils.functionals import masked_mean, response_log_probs, response_mask_from_ids
@@ -30,6 +31,28 @@ def scored_logits(logits: torch.Tensor, batch: DataProto) -> torch.Tensor:
     """`logits` at the batch's log-prob temperature (1 unless the driver set another in `meta_info`)."""
     temperature = batch.meta_info.get(LOG_PROB_TEMPERATURE, 1.0)
     return logits if temperature == 1.0 else logits / temperature
+
+
+def aggregation_count(mask: torch.Tensor, mode: ppo_losses.AggMode) -> float:
+    """What `aggregate_loss` divides by: masked-in tokens (token-mean), else sequences with any."""
+    return float(mask.sum() if mode == "token-mean" else mask.amax(-1).sum())
+
+
+def step_normalised(loss: torch.Tensor, micro_batch: DataProto, mode: ppo_losses.AggMode) -> torch.Tensor:
+    """A micro-batch's `loss` (aggregated over its `response_mask` by `mode`) rescaled to its step's normaliser.
+
+    The mean over an optimizer step's micro-batches is then the loss aggregated over the whole step
+    (e.g. token-mean: divided by all the step's tokens).
+
+    Micro-batches formed by a token budget differ in rows and tokens, so the plain mean of their own
+    aggregates would weigh tokens unequally. Without step information (`STEP_BATCH`) `loss` is returned.
+    """
+    step = micro_batch.meta_info.get(STEP_BATCH)
+    if step is None:
+        return loss
+    step_count = aggregation_count(step.batch["response_mask"], mode)
+    share = aggregation_count(micro_batch.batch["response_mask"], mode) / max(step_count, 1.0)
+    return loss * (share * micro_batch.meta_info[MICRO_BATCHES_IN_STEP])
 
 
 def split_generation(output: torch.Tensor, prompt_mask: torch.Tensor, eos_token_id: int, pad_token_id: int) -> dict:
@@ -70,22 +93,23 @@ class ActorWorker(StrategyWorker):
     @register(Dispatch.DP_COMPUTE)
     def compute_log_probs(self, batch: DataProto) -> DataProto:
         """Per-token log-probs of the responses under this worker's model: `log_probs` `[B, R]`."""
-        response_length = batch.batch["responses"].shape[1]
 
         def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
             logits = scored_logits(output.logits, micro_batch)
+            response_length = micro_batch.batch["responses"].shape[1]
             return None, {"log_probs": response_log_probs(logits, micro_batch.batch["input_ids"], response_length)}
 
         return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
 
     @register(Dispatch.DP_COMPUTE)
     def sft_step(self, batch: DataProto) -> dict[str, float]:
-        """Supervised update: mean negative log-likelihood of the response tokens."""
-        response_length = batch.batch["responses"].shape[1]
+        """Supervised update: mean negative log-likelihood of the response tokens of each optimizer step."""
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            response_length = micro_batch.batch["responses"].shape[1]
             log_probs = response_log_probs(output.logits, micro_batch.batch["input_ids"], response_length)
-            return -masked_mean(log_probs, micro_batch.batch["response_mask"]), {}
+            loss = -masked_mean(log_probs, micro_batch.batch["response_mask"])
+            return step_normalised(loss, micro_batch, "token-mean"), {}
 
         return self.strategy.train_step(batch, loss_func)
 
@@ -98,7 +122,6 @@ class ActorWorker(StrategyWorker):
         are that pass's own, detached (ratio 1). Its `kl` metric then reports, before the update, what
         the driver's `actor/kl` reports from a separate pass.
         """
-        response_length = batch.batch["responses"].shape[1]
         from_update = "old_log_probs" not in batch.batch
         if from_update:
             args = self.worker_config.training_args
@@ -111,6 +134,7 @@ class ActorWorker(StrategyWorker):
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch
+            response_length = data["responses"].shape[1]
             all_logits = scored_logits(output.logits, micro_batch)
             logits = all_logits[:, -response_length - 1 : -1]
             log_probs = response_log_probs(all_logits, data["input_ids"], response_length)
@@ -141,7 +165,7 @@ class ActorWorker(StrategyWorker):
                 ref_log_probs, kind = data["ref_log_probs"], algorithm.kl_penalty_kind
                 token_kl = masked_kl_estimate(log_probs.detach(), ref_log_probs, mask, kind)
                 metrics["kl"] = masked_mean(token_kl, mask, dim=-1).mean()
-            return loss, metrics
+            return step_normalised(loss, micro_batch, algorithm.loss_agg_mode), metrics
 
         return self.strategy.train_step(batch, loss_func)
 
@@ -154,10 +178,9 @@ class CriticWorker(StrategyWorker):
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataProto) -> DataProto:
         """Value of each response position: `values` `[B, R]`."""
-        response_length = batch.batch["responses"].shape[1]
 
         def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
-            return None, {"values": self._response_values(output, response_length)}
+            return None, {"values": self._response_values(output, micro_batch.batch["responses"].shape[1])}
 
         return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
 
@@ -169,17 +192,17 @@ class CriticWorker(StrategyWorker):
     @register(Dispatch.DP_COMPUTE)
     def train_step(self, batch: DataProto, algorithm: AlgorithmArguments) -> dict[str, float]:
         """Clipped value regression towards the returns."""
-        response_length = batch.batch["responses"].shape[1]
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch
-            return ppo_losses.value_loss(
-                self._response_values(output, response_length),
+            loss, metrics = ppo_losses.value_loss(
+                self._response_values(output, data["responses"].shape[1]),
                 data["values"],
                 data["returns"],
                 data["response_mask"],
                 clip=algorithm.value_clip,
                 agg_mode=algorithm.loss_agg_mode,
             )
+            return step_normalised(loss, micro_batch, algorithm.loss_agg_mode), metrics
 
         return self.strategy.train_step(batch, loss_func)

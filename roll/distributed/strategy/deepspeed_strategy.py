@@ -25,7 +25,12 @@ from roll.distributed.strategy.deepspeed_config import (
     resolve_deepspeed_config,
     zero_stage,
 )
-from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches, model_inputs
+from roll.distributed.strategy.hf_compute import (
+    forward_in_micro_batches,
+    generate_in_micro_batches,
+    optimizer_step_losses,
+)
+from roll.distributed.strategy.micro_batches import token_budget
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import hf_named_weights
@@ -90,10 +95,24 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         return self.engine.module
 
     def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Metrics of `forward_func` over micro-batches of `infer_batch_size`, without gradients."""
+        """Metrics of `forward_func` over micro-batches of `infer_batch_size` rows or of the token budget, no grad."""
         return forward_in_micro_batches(
-            self.engine, batch, forward_func, self.worker_config.infer_batch_size, self.device
+            self.engine,
+            batch,
+            forward_func,
+            self.worker_config.infer_batch_size,
+            self.device,
+            token_budget(self.worker_config),
+            self._agree_count,
         )
+
+    def _agree_count(self, count: int) -> int:
+        """The largest of every rank's micro-batch count: ranks run forward passes together (ZeRO gathers, reduces)."""
+        if self.worker.world_size == 1:
+            return count
+        largest = torch.tensor([count], dtype=torch.int64)
+        torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
+        return int(largest.item())
 
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
         """Continuations of the prompts; at stage 3 all ranks step together until the last finishes."""
@@ -209,7 +228,12 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         return torch.optim.AdamW(groups, **hyper)
 
     def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
-        """Forward/backward every micro-batch; DeepSpeed steps the optimizer every accumulation group."""
+        """One optimizer step per `per_device_train_batch_size` x `gradient_accumulation_steps` rows of `batch`.
+
+        Micro-batches are `per_device_train_batch_size` rows, or formed by the token budget within each
+        step (so the optimizer steps the same number of times); the mean of a step's micro-batch losses
+        is back-propagated.
+        """
         args = self.worker_config.training_args
         micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
         if len(batch) % (micro * accumulation):
@@ -218,25 +242,35 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
                 f"steps of {micro} (per_device_train_batch_size) x {accumulation} (gradient_accumulation_steps)"
             )
         self.engine.train()
+        budget = token_budget(self.worker_config)
         sums: dict[str, float] = defaultdict(float)
-        micro_batches = batch.split(micro)
-        for micro_batch in micro_batches:
-            output = self.engine(**model_inputs(micro_batch, self.device), use_cache=False)
-            loss, metrics = loss_func(micro_batch, output)
-            self.engine.backward(loss)
-            boundary = self.engine.is_gradient_accumulation_boundary()
-            unclipped_norm = self._stage0_grad_norm() if boundary and self.zero_stage == 0 else None
-            self.engine.step()
-            sums["loss"] += loss.item()
-            for key, value in metrics.items():
-                sums[key] += value.float().mean().item()
-            if boundary:
-                self.global_step += 1
-                grad_norm = self.engine.get_global_grad_norm()
-                grad_norm = unclipped_norm if grad_norm is None else grad_norm
-                sums["grad_norm"] += float(grad_norm) if grad_norm is not None else math.nan
-        steps = len(micro_batches) // accumulation
-        result = {k: v / (steps if k == "grad_norm" else len(micro_batches)) for k, v in sums.items()}
+        step_batches = batch.split(micro * accumulation)
+        micro_count = 0
+        for step_batch in step_batches:
+            losses = optimizer_step_losses(
+                self.engine,
+                step_batch,
+                loss_func,
+                micro,
+                self.device,
+                budget,
+                self._agree_count,
+                self.engine.set_gradient_accumulation_boundary,
+            )
+            for loss, metrics, last in losses:
+                micro_count += 1
+                self.engine.backward(loss, scale_wrt_gas=False)
+                unclipped_norm = self._stage0_grad_norm() if last and self.zero_stage == 0 else None
+                self.engine.step()
+                sums["loss"] += loss.item()
+                for key, value in metrics.items():
+                    sums[key] += value.float().mean().item()
+            self.global_step += 1
+            grad_norm = self.engine.get_global_grad_norm()
+            grad_norm = unclipped_norm if grad_norm is None else grad_norm
+            sums["grad_norm"] += float(grad_norm) if grad_norm is not None else math.nan
+        steps = len(step_batches)
+        result = {k: v / (steps if k in ("grad_norm", "loss") else micro_count) for k, v in sums.items()}
         result = self._mean_over_ranks(result)
         result["lr"] = self.engine.get_lr()[0]
         result["global_step"] = float(self.global_step)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,8 +12,16 @@ from transformers import PreTrainedTokenizerBase
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.micro_batches import (
+    MicroBatch,
+    TokenBudget,
+    plan_micro_batches,
+    plan_step_micro_batches,
+    restore_rows,
+)
 from roll.distributed.strategy.strategy import ForwardFunc
 from roll.models.model_providers import load_tokenizer
+from roll.utils.sequence_packing import pack_rows, unpack_rows
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -29,6 +38,47 @@ def model_inputs(batch: DataProto, device: torch.device | str) -> dict[str, torc
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+def micro_batch_output(model: torch.nn.Module, micro_batch: MicroBatch, device: torch.device | str) -> Any:
+    """`model`'s output on a micro-batch; a packed one runs as one row and its logits come back per row.
+
+    A packed row has no attention mask and no KV cache (either turns the detection off): its position ids
+    restart at every sequence, from which transformers keeps attention inside each sequence (sdpa, eager).
+    Flash-attention also gets the sequences' boundaries as varlen arguments (untested: no GPU ran it).
+    """
+    inputs = model_inputs(micro_batch.data, device)
+    if not micro_batch.packed:
+        return model(**inputs, use_cache=False)
+    packing = pack_rows(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
+    varlen = packing.flash_attention_kwargs() if micro_batch.flash_varlen else {}
+    output = model(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False, **varlen)
+    output.logits = unpack_rows(output.logits, packing)
+    return output
+
+
+def optimizer_step_losses(
+    model: torch.nn.Module,
+    step_batch: DataProto,
+    loss_func: ForwardFunc,
+    micro_batch_size: int,
+    device: torch.device | str,
+    budget: TokenBudget | None = None,
+    agree_count: Callable[[int], int] = int,
+    before_forward: Callable[[bool], None] | None = None,
+) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor], bool]]:
+    """Forward each micro-batch of one optimizer step; yield (its loss / the step's micro-batch count, metrics, last).
+
+    The caller back-propagates each yielded loss before asking for the next, so their sum is the step's
+    loss. `before_forward(last)` runs before each forward (DeepSpeed marks its accumulation boundary).
+    """
+    micro_batches = plan_step_micro_batches(step_batch, micro_batch_size, budget, agree_count)
+    for index, micro_batch in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        if before_forward is not None:
+            before_forward(last)
+        loss, metrics = loss_func(micro_batch.data, micro_batch_output(model, micro_batch, device))
+        yield loss / len(micro_batches), metrics, last
+
+
 @torch.no_grad()
 def forward_in_micro_batches(
     model: torch.nn.Module,
@@ -36,19 +86,22 @@ def forward_in_micro_batches(
     forward_func: ForwardFunc,
     micro_batch_size: int,
     device: torch.device | str,
+    budget: TokenBudget | None = None,
+    agree_count: Callable[[int], int] = int,
 ) -> dict[str, torch.Tensor]:
     """Run `model` in eval mode (no dropout) then `forward_func` on micro-batches of `batch`; concatenate the metrics.
 
-    Eval mode is set on every call: a training strategy leaves its model in train mode after an update.
+    Micro-batches are `micro_batch_size` rows, or formed by `budget` (see `plan_micro_batches`); the
+    metrics come back in the batch's row order either way. Eval mode is set on every call: a training
+    strategy leaves its model in train mode after an update.
     """
     model.eval()
-    collected: dict[str, list[torch.Tensor]] = defaultdict(list)
-    for micro_batch in batch.split(micro_batch_size):
-        output = model(**model_inputs(micro_batch, device), use_cache=False)
-        _, metrics = forward_func(micro_batch, output)
-        for key, value in metrics.items():
-            collected[key].append(value.detach().cpu())
-    return {key: torch.cat(values) for key, values in collected.items()}
+    micro_batches = plan_micro_batches(batch, micro_batch_size, budget, agree_count)
+    outputs = []
+    for micro_batch in micro_batches:
+        _, metrics = forward_func(micro_batch.data, micro_batch_output(model, micro_batch, device))
+        outputs.append({key: value.detach().cpu() for key, value in metrics.items()})
+    return restore_rows(micro_batches, outputs, batch)
 
 
 def generation_kwargs(args: GeneratingArguments, pad_token_id: int, eos_token_id: int | list[int]) -> dict:

@@ -8,6 +8,7 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches
+from roll.distributed.strategy.micro_batches import token_budget
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 
@@ -35,9 +36,14 @@ class HfInferStrategy(InferenceStrategy):
         self.weight_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters(remove_duplicate=False)}
 
     def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Metrics of `forward_func` over micro-batches of `infer_batch_size`."""
+        """Metrics of `forward_func` over micro-batches of `infer_batch_size` rows or of the role's token budget."""
         return forward_in_micro_batches(
-            self.model, batch, forward_func, self.worker_config.infer_batch_size, self.device
+            self.model,
+            batch,
+            forward_func,
+            self.worker_config.infer_batch_size,
+            self.device,
+            token_budget(self.worker_config),
         )
 
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:

@@ -23,8 +23,16 @@ from roll.models.hf_weights import check_weight_shapes
 from roll.platforms import Platform
 
 # model(...) output -> (loss, per-sample or scalar metrics). For forward_step the loss is ignored
-# and each metric is a per-sample tensor; for train_step the loss is what is back-propagated.
+# and each metric is a per-sample tensor; for train_step the loss is what is back-propagated: the
+# strategy back-propagates the mean of an optimizer step's micro-batch losses. Under a token budget
+# (`max_tokens_per_microbatch`) a micro-batch is narrower than the batch (padding trimmed), and its
+# rows may be in another order (results are put back in the batch's order).
 ForwardFunc = Callable[[DataProto, Any], tuple[torch.Tensor | None, dict[str, torch.Tensor]]]
+# meta_info keys train_step sets on each micro-batch: the DataProto of its whole optimizer step and how
+# many micro-batches that step has. A loss normalised over the whole step (e.g. token-mean over all the
+# step's tokens) uses them: the micro-batches of one step may differ in rows and tokens.
+STEP_BATCH = "step_batch"
+MICRO_BATCHES_IN_STEP = "micro_batches_in_step"
 ModelProvider = Callable[[], torch.nn.Module]
 # Every backend class by its strategy_name, filled as backend modules are imported.
 REGISTERED_STRATEGIES: dict[str, type[InferenceStrategy]] = {}
