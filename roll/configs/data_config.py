@@ -3,20 +3,42 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from roll.configs.schema import SEED, check, checked_in_validate
+from roll.configs.schema import SEED, any_value, check, checked_in_validate
 
 _DATA_FILE = (
-    "a JSONL file of prompt/answer records, or empty for the built-in task: whether it exists, parses and holds "
-    "a batch is the filesystem's"
+    "a .jsonl, .json, .parquet or .csv file, a list of such files, a directory written by `datasets`' "
+    "save_to_disk, or empty for the built-in task: whether it exists, parses and holds a batch is the filesystem's"
 )
+_COLUMN = check(nonempty=True, expect="a column name of the data files")
+# A missing domain column is an error only when the user named one; the default column is optional.
+DEFAULT_DOMAIN_KEY = "domain"
+DEFAULT_DOMAIN = "math"
 
 
 @dataclass
 class DataArguments:
-    """Where prompts come from: JSONL files, or the built-in arithmetic task when both are empty."""
+    """Where prompts come from (data files read with Hugging Face `datasets`, or the built-in arithmetic task
+    when both files are empty) and how they become the model's input (columns, chat template, lengths)."""
 
-    train_file: str = field(default="", metadata=checked_in_validate(_DATA_FILE, "/no/such/train.jsonl"))
-    eval_file: str = field(default="", metadata=checked_in_validate(_DATA_FILE, "/no/such/eval.jsonl"))
+    train_file: str | list[str] = field(default="", metadata=checked_in_validate(_DATA_FILE, "/no/such/train.jsonl"))
+    eval_file: str | list[str] = field(default="", metadata=checked_in_validate(_DATA_FILE, "/no/such/eval.jsonl"))
+    # The prompt column holds text, or a conversation (a list of {role, content}, e.g. `messages`) whose
+    # trailing assistant turn is the demonstration.
+    prompt_key: str = field(default="prompt", metadata=_COLUMN)
+    # Optional for conversations ending with an assistant turn (that turn is then the answer).
+    answer_key: str = field(default="answer", metadata=_COLUMN)
+    domain_key: str = field(default=DEFAULT_DOMAIN_KEY, metadata=_COLUMN)
+    # null: on when the tokenizer has a chat template; true requires one.
+    apply_chat_template: bool | None = field(
+        default=None, metadata=check(bad="yes", expect="true, false or null (on when the tokenizer has one)")
+    )
+    system_prompt: str = field(
+        default="", metadata=any_value("any text, put first in every prompt as a system turn; empty: none")
+    )
     max_prompt_length: int = field(default=16, metadata=check(ge=1))
+    # What happens to a prompt longer than max_prompt_length (and, in SFT, a demonstration longer than
+    # max_response_length): dropped with a count logged, or a config error.
+    too_long: Literal["drop", "error"] = "drop"
     task_seed: int = field(default=0, metadata=check(SEED))

@@ -1,73 +1,163 @@
-"""Prompt datasets: the synthetic arithmetic task or a JSONL file, batched into DataProtos."""
+"""Prompt datasets: the built-in arithmetic task or data files, formatted, tokenised and batched into DataProtos.
+
+Formatting, tokenising and the length filter are `datasets` maps, so data read from files is
+processed once and then read back from the `datasets` cache.
+"""
 
 from __future__ import annotations
 
-import json
+import logging
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from roll.configs.data_config import DataArguments
+from roll.configs.schema import ConfigError
 from roll.datasets.arithmetic import Problem, arithmetic_problems
+from roll.datasets.chat_format import format_prompt, use_chat_template
+from roll.datasets.sources import quiet_progress, read_table, to_conversations
 from roll.distributed.scheduler.protocol import DataProto
 
-
-def load_problems(path: str) -> list[Problem]:
-    """Problems from a JSONL file with `prompt` and `answer` fields (and an optional `domain`)."""
-    problems = []
-    with open(path) as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                problems.append(
-                    Problem(str(record["prompt"]), str(record["answer"]), str(record.get("domain", "math")))
-                )
-            except (json.JSONDecodeError, KeyError) as exc:
-                raise ValueError(
-                    f"{path}:{line_number}: expected a JSON object with 'prompt' and 'answer' ({exc})"
-                ) from exc
-    if not problems:
-        raise ValueError(f"{path} holds no problems")
-    return problems
+logger = logging.getLogger(__name__)
+BUILT_IN = "the built-in arithmetic task"
 
 
-def task_problems(train_file: str, eval_file: str, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """Train and held-out problems: from the given files, else the built-in arithmetic task."""
-    if bool(train_file) != bool(eval_file):
-        raise ValueError("give both data.train_file and data.eval_file, or neither for the built-in arithmetic task")
-    if train_file:
-        return load_problems(train_file), load_problems(eval_file)
-    return arithmetic_problems(seed=seed)
+@dataclass(frozen=True)
+class Example:
+    """A problem as the model reads it: the formatted prompt and its token ids, the demonstrated response's
+    ids (ending with EOS, for SFT), the answer a reward checks and the reward domain."""
+
+    prompt: str
+    answer: str
+    domain: str
+    prompt_ids: list[int]
+    response_ids: list[int]
 
 
-def encode_prompts(
-    problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int
-) -> DataProto:
+def load_splits(
+    data: DataArguments, tokenizer: PreTrainedTokenizerBase, max_response_length: int | None = None
+) -> tuple[list[Example], list[Example]]:
+    """Train and held-out examples from `data.train_file` / `data.eval_file`, else the built-in arithmetic task.
+
+    Rows too long for `data.max_prompt_length` (or, when given, `max_response_length`) are dropped
+    or refused as `data.too_long` says.
+    """
+    if bool(data.train_file) != bool(data.eval_file):
+        given, missing = ("train_file", "eval_file") if data.train_file else ("eval_file", "train_file")
+        raise ConfigError(
+            f"data.{missing} is empty but data.{given} is set: give both, or neither for the built-in arithmetic task"
+        )
+    with quiet_progress():
+        if data.train_file:
+            sources = [f"data.{key}={getattr(data, key)!r}" for key in ("train_file", "eval_file")]
+            tables = [
+                to_conversations(read_table(files, source), data, source)
+                for files, source in zip((data.train_file, data.eval_file), sources, strict=True)
+            ]
+        else:
+            sources = [f"{BUILT_IN} ({split})" for split in ("train", "held out")]
+            tables = [problems_table(split) for split in arithmetic_problems(seed=data.task_seed)]
+        train, held_out = (
+            tokenize(table, tokenizer, data, max_response_length, source)
+            for table, source in zip(tables, sources, strict=True)
+        )
+        return train, held_out
+
+
+def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
+    """`problems` as a table of roll's columns (a one-turn conversation each)."""
+    return datasets.Dataset.from_list(
+        [
+            {
+                "messages": [{"role": "user", "content": p.prompt}],
+                "answer": p.answer,
+                "demonstration": p.answer,
+                "domain": p.domain,
+            }
+            for p in problems
+        ]
+    )
+
+
+def tokenize(
+    table: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DataArguments,
+    max_response_length: int | None,
+    source: str,
+) -> list[Example]:
+    """Examples of `table`'s rows: formatted (chat template as configured), tokenised, too-long rows handled."""
+    encode_args = {
+        "tokenizer": tokenizer,
+        "chat_template": use_chat_template(data.apply_chat_template, tokenizer),
+        "system_prompt": data.system_prompt,
+    }
+    encoded = table.map(_encode, fn_kwargs=encode_args, remove_columns=["messages", "demonstration"], desc="tokenizing")
+    limits = {"max_prompt_length": data.max_prompt_length, "max_response_length": max_response_length}
+    kept = encoded.filter(_fits, fn_kwargs=limits, desc="length filter")
+    dropped = len(encoded) - len(kept)
+    if dropped:
+        what = f"prompts longer than data.max_prompt_length={data.max_prompt_length} tokens"
+        if max_response_length is not None:
+            what += f" or demonstrations longer than max_response_length={max_response_length} tokens"
+        if data.too_long == "error" or not len(kept):
+            first = next(row for row in encoded if not _fits(row, **limits))
+            fix = "raise the limit, or set data.too_long=drop to leave them out" if len(kept) else "raise the limit"
+            example = first["prompt"]
+            raise ConfigError(f"{source}: {dropped} of {len(encoded)} rows have {what}, e.g. {example!r}; {fix}")
+        logger.warning("%s: dropped %d of %d rows with %s", source, dropped, len(encoded), what)
+    return [Example(**row) for row in kept.to_list()]
+
+
+def _encode(
+    row: dict[str, Any], tokenizer: PreTrainedTokenizerBase, chat_template: bool, system_prompt: str
+) -> dict[str, Any]:
+    prompt = format_prompt(row["messages"], tokenizer, chat_template, system_prompt)
+    response = tokenizer(row["demonstration"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return {
+        "prompt": prompt,
+        "prompt_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
+        "response_ids": response,
+    }
+
+
+def _fits(row: dict[str, Any], max_prompt_length: int, max_response_length: int | None) -> bool:
+    short_response = max_response_length is None or len(row["response_ids"]) <= max_response_length
+    return len(row["prompt_ids"]) <= max_prompt_length and short_response
+
+
+def encode_prompts(examples: Sequence[Example], pad_id: int) -> DataProto:
     """Left-padded prompt ids and masks, with the prompt text, answer and domain per row."""
-    encoded = tokenizer([p.prompt for p in problems], padding=True, return_tensors="pt", add_special_tokens=False)
-    if encoded["input_ids"].shape[1] > max_prompt_length:
-        longest = max(problems, key=lambda p: len(p.prompt)).prompt
-        raise ValueError(f"prompt {longest!r} is longer than data.max_prompt_length={max_prompt_length} tokens")
+    ids, mask = _pad([e.prompt_ids for e in examples], pad_id, left=True)
     return DataProto.from_dict(
-        tensors={"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]},
+        tensors={"input_ids": ids, "attention_mask": mask},
         non_tensors={
-            "prompt": [p.prompt for p in problems],
-            "answer": [p.answer for p in problems],
-            "domain": [p.domain for p in problems],
+            "prompt": [e.prompt for e in examples],
+            "answer": [e.answer for e in examples],
+            "domain": [e.domain for e in examples],
         },
     )
 
 
-class PromptSampler:
-    """Endless shuffled batches of problems; its position is part of a checkpoint."""
+def _pad(rows: Sequence[Sequence[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    ids = [[pad_id] * (width - len(r)) + list(r) if left else list(r) + [pad_id] * (width - len(r)) for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) if left else [1] * len(r) + [0] * (width - len(r)) for r in rows]
+    return torch.tensor(ids), torch.tensor(mask)
 
-    def __init__(self, problems: Sequence[Problem], batch_size: int, seed: int) -> None:
-        if batch_size > len(problems):
-            raise ValueError(f"batch size {batch_size} is larger than the {len(problems)} training problems")
-        self.problems = list(problems)
+
+class PromptSampler:
+    """Endless shuffled batches of examples; its position is part of a checkpoint."""
+
+    def __init__(self, examples: Sequence[Example], batch_size: int, seed: int) -> None:
+        if batch_size > len(examples):
+            raise ValueError(f"batch size {batch_size} is larger than the {len(examples)} training problems")
+        self.examples = list(examples)
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = 0
@@ -75,19 +165,19 @@ class PromptSampler:
         self._order = self._shuffled(0)
 
     def _shuffled(self, epoch: int) -> list[int]:
-        order = list(range(len(self.problems)))
+        order = list(range(len(self.examples)))
         random.Random(self.seed + epoch).shuffle(order)
         return order
 
-    def next_batch(self) -> list[Problem]:
-        """The next `batch_size` problems; a new shuffled epoch starts when fewer remain."""
+    def next_batch(self) -> list[Example]:
+        """The next `batch_size` examples; a new shuffled epoch starts when fewer remain."""
         if self.position + self.batch_size > len(self._order):
             self.epoch += 1
             self.position = 0
             self._order = self._shuffled(self.epoch)
         indices = self._order[self.position : self.position + self.batch_size]
         self.position += self.batch_size
-        return [self.problems[i] for i in indices]
+        return [self.examples[i] for i in indices]
 
     def state_dict(self) -> dict[str, int]:
         """Where the sampler is, for a checkpoint."""
@@ -104,21 +194,14 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def encode_demonstrations(
-    problems: Sequence[Problem], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int, max_response_length: int
-) -> DataProto:
-    """Prompts (left-padded) followed by their answers and EOS (right-padded), for supervised training.
+def encode_demonstrations(examples: Sequence[Example], pad_id: int) -> DataProto:
+    """Prompts (left-padded) followed by their demonstrated responses (right-padded), for supervised training.
 
-    The layout matches a rollout: `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`.
+    The layout matches a rollout: `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`;
+    only the response (the assistant's part) is in `response_mask`, so only it carries the loss.
     """
-    prompts = encode_prompts(problems, tokenizer, max_prompt_length)
-    answers = [tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for p in problems]
-    if max(len(a) for a in answers) > max_response_length:
-        raise ValueError(f"an answer is longer than max_response_length={max_response_length} tokens")
-    width = max(len(a) for a in answers)
-    pad = pad_token_id(tokenizer)
-    responses = torch.tensor([a + [pad] * (width - len(a)) for a in answers])
-    response_mask = torch.tensor([[1] * len(a) + [0] * (width - len(a)) for a in answers])
+    prompts = encode_prompts(examples, pad_id)
+    responses, response_mask = _pad([e.response_ids for e in examples], pad_id, left=False)
     prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     tensors = {
         "prompts": prompt_ids,

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -21,13 +21,13 @@ from roll.configs.data_config import DataArguments
 from roll.configs.model_dir import ModelFacts, read_model_dir
 from roll.configs.schema import SEED, ConfigError, Rule, any_value, check, closest_spelling
 from roll.configs.worker_config import WorkerConfig
-from roll.datasets.arithmetic import Problem, arithmetic_problems
-from roll.datasets.prompt_dataset import load_problems
+from roll.datasets.arithmetic import arithmetic_problems
 from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.scheduler.placement import ClusterShape, rank_placements
 from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import check_strategy_args, strategy_class
 from roll.models.memory_estimate import tiny_shape
+from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.utils.trackers import TRACKER_PACKAGES, missing_packages
 
@@ -213,28 +213,26 @@ class PipelineConfig:
                     f"max_position_embeddings={model.max_positions}; lower them"
                 )
 
-    def check_data(self, data: DataArguments, batch_size: int, batch_field: str) -> tuple[list[Problem], list[Problem]]:
-        """The data files exist and parse, and training holds one batch of `batch_field`; return (train, eval)."""
-        problems: dict[str, list[Problem]] = {}
-        for key in ("train_file", "eval_file"):
-            path = getattr(data, key)
-            if not path:
-                continue
-            if not Path(path).is_file():
-                raise ConfigError(f"data.{key}={path!r}: no such file ({Path(path).resolve()})")
-            try:
-                problems[key] = load_problems(path)
-            except ValueError as exc:
-                raise ConfigError(f"data.{key}: {exc}") from exc
-        if len(problems) == 1:
-            given, missing = ("train_file", "eval_file") if "train_file" in problems else ("eval_file", "train_file")
-            raise ConfigError(
-                f"data.{missing} is empty but data.{given} is set: give both, "
-                "or neither for the built-in arithmetic task"
-            )
-        train, held_out = (
-            (problems["train_file"], problems["eval_file"]) if problems else arithmetic_problems(seed=data.task_seed)
-        )
+    def check_data(
+        self,
+        data: DataArguments,
+        batch_size: int,
+        batch_field: str,
+        tokenizer_path: str,
+        max_response_length: int | None = None,
+    ) -> tuple[Sequence[object], Sequence[object]]:
+        """The data files read, map onto the columns and fit the lengths (tokenised with `tokenizer_path`'s
+        tokenizer), and training holds one batch of `batch_field`; return (train, eval).
+
+        The built-in task's prompts are short by construction, so they are counted, not tokenised.
+        """
+        if data.train_file or data.eval_file:
+            # Imported here: `datasets` takes seconds to import, and a config without data files never needs it.
+            from roll.datasets.prompt_dataset import load_splits
+
+            train, held_out = load_splits(data, load_tokenizer(tokenizer_path), max_response_length)
+        else:
+            train, held_out = arithmetic_problems(seed=data.task_seed)
         if batch_size > len(train):
             source = f"data.train_file={data.train_file!r}" if data.train_file else "the built-in arithmetic task"
             raise ConfigError(

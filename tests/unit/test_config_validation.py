@@ -302,10 +302,19 @@ def test_data_files_exist_parse_and_hold_a_batch(tmp_path: Path) -> None:
     broken.write_text('{"prompt": "1+1="}\n')
     for overrides, message in [
         ([f"data.train_file={small}", f"data.eval_file={held_out}"], r"rollout_batch_size=32 is more than the 3 "),
-        ([f"data.train_file={train}", f"data.eval_file={empty}"], r"data.eval_file: .*empty.jsonl holds no problems"),
-        ([f"data.train_file={broken}", f"data.eval_file={held_out}"], r"data.train_file: .*broken.jsonl:1: expected"),
+        (
+            [f"data.train_file={train}", f"data.eval_file={empty}"],
+            r"data.eval_file='.*empty.jsonl': it holds no problems",
+        ),
+        (
+            [f"data.train_file={broken}", f"data.eval_file={held_out}"],
+            r"data.train_file='.*broken.jsonl': no column 'answer' \(data.answer_key\); its columns are 'prompt'$",
+        ),
         ([f"data.train_file={train}"], r"data.eval_file is empty but data.train_file is set: give both"),
-        ([f"data.eval_file={tmp_path}/none.jsonl"], r"data.eval_file='.*none.jsonl': no such file"),
+        (
+            [f"data.train_file={train}", f"data.eval_file={tmp_path}/none.jsonl"],
+            r"data.eval_file='.*none.jsonl': no such",
+        ),
     ]:
         with pytest.raises(ConfigError, match=message):
             rlvr(*overrides)

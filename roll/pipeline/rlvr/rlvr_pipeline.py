@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, task_problems
+from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, load_splits, pad_token_id
 from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
@@ -40,12 +40,11 @@ class RLVRPipeline(BasePipeline):
         for role in config.roles().values():
             resolve_model_path(role.model_args.model_name_or_path)  # build tiny models once, here
         self.tokenizer = load_tokenizer(config.actor_train.model_args.model_name_or_path)
-        self.train_problems, self.eval_problems = task_problems(
-            config.data.train_file, config.data.eval_file, config.data.task_seed
-        )
+        self.pad_id = pad_token_id(self.tokenizer)
+        self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
         if config.eval_batch_size:
-            self.eval_problems = self.eval_problems[: config.eval_batch_size]
-        self.sampler = PromptSampler(self.train_problems, config.rollout_batch_size, config.seed)
+            self.eval_examples = self.eval_examples[: config.eval_batch_size]
+        self.sampler = PromptSampler(self.train_examples, config.rollout_batch_size, config.seed)
         algorithm = config.algorithm
         self.kl_controller = (
             AdaptiveKLController(algorithm.kl_penalty_coef, algorithm.adaptive_kl_target, algorithm.adaptive_kl_horizon)
@@ -124,7 +123,7 @@ class RLVRPipeline(BasePipeline):
         timings: dict[str, float] = {}
 
         with timed(phases.GENERATE, timings):
-            prompts = encode_prompts(self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length)
+            prompts = encode_prompts(self.sampler.next_batch(), self.pad_id)
             generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
             batch = clusters["actor_infer"].generate(prompts, generating_args)
             batch.meta_info[LOG_PROB_TEMPERATURE] = self.log_prob_temperature
@@ -245,10 +244,9 @@ class RLVRPipeline(BasePipeline):
         self.residency.enter(phases.GENERATE)
         accuracy, _ = greedy_accuracy(
             self.clusters["actor_infer"],
-            self.eval_problems,
-            self.tokenizer,
+            self.eval_examples,
+            self.pad_id,
             self.config.actor_infer.generating_args,
-            self.config.data.max_prompt_length,
             self.score,
         )
         return accuracy

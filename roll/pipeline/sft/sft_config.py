@@ -58,7 +58,9 @@ class SFTConfig(PipelineConfig):
             tokens,
             f"data.max_prompt_length={self.data.max_prompt_length} + max_response_length={self.max_response_length}",
         )
-        _, held_out = self.check_data(self.data, self.batch_size, "batch_size")
+        _, held_out = self.check_data(
+            self.data, self.batch_size, "batch_size", actor.model_args.model_name_or_path, self.max_response_length
+        )
         lower = "max_response_length or actor_train.infer_batch_size"
         self.check_generation_memory(actor, model, len(held_out), 1, tokens, lower)  # the greedy evaluation
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from roll.configs.worker_config import GeneratingArguments
-from roll.datasets.prompt_dataset import PromptSampler, encode_demonstrations, task_problems
+from roll.datasets.prompt_dataset import PromptSampler, encode_demonstrations, load_splits, pad_token_id
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
@@ -38,10 +38,9 @@ class SFTPipeline(BasePipeline):
         super().__init__(config)
         model_path = resolve_model_path(config.actor_train.model_args.model_name_or_path)
         self.tokenizer = load_tokenizer(model_path)
-        self.train_problems, self.eval_problems = task_problems(
-            config.data.train_file, config.data.eval_file, config.data.task_seed
-        )
-        self.sampler = PromptSampler(self.train_problems, config.batch_size, config.seed)
+        self.pad_id = pad_token_id(self.tokenizer)
+        self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer, config.max_response_length)
+        self.sampler = PromptSampler(self.train_examples, config.batch_size, config.seed)
         self.generating_args = GeneratingArguments(max_new_tokens=config.max_response_length)
 
     def _score(self, batch: DataProto) -> torch.Tensor:
@@ -53,10 +52,9 @@ class SFTPipeline(BasePipeline):
         """Greedy held-out accuracy of the model being trained."""
         accuracy, _ = greedy_accuracy(
             self.clusters["actor_train"],
-            self.eval_problems,
-            self.tokenizer,
+            self.eval_examples,
+            self.pad_id,
             self.generating_args,
-            self.config.data.max_prompt_length,
             self._score,
         )
         return accuracy
@@ -85,9 +83,7 @@ class SFTPipeline(BasePipeline):
         tracker.log({"val/accuracy": accuracy}, 0)
         for step in progress:
             started = time.perf_counter()
-            batch = encode_demonstrations(
-                self.sampler.next_batch(), self.tokenizer, config.data.max_prompt_length, config.max_response_length
-            )
+            batch = encode_demonstrations(self.sampler.next_batch(), self.pad_id)
             metrics = actor.sft_step(batch)[0]
             metrics["time/step_s"] = time.perf_counter() - started
             if step % config.eval_steps == 0 or step == config.max_steps:
