@@ -23,6 +23,7 @@ from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
+from tests.padded_rollouts import padded_rollout
 
 WORKER = "tests.budget_workers.BudgetActorWorker"
 ROWS, PROMPT, RESPONSE = 16, 6, 10  # 8 rows per rank: one optimizer step of 2 rows x 4 accumulation
@@ -38,24 +39,12 @@ def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
 
 def rollout(vocab: int) -> DataProto:
     """Rank 0's rows (the first 8) are short, rank 1's long: their budgets form different micro-batch counts."""
-    generator = torch.Generator().manual_seed(5)
-    prompt_lengths = torch.tensor([1, 2, 1, 3, 2, 1, 2, 1, 6, 5, 6, 4, 6, 5, 6, 3])
-    response_lengths = torch.tensor([2, 0, 3, 1, 2, 4, 1, 2, 10, 9, 7, 10, 8, 10, 6, 9])
-    prompt_mask = (torch.arange(PROMPT) >= PROMPT - prompt_lengths[:, None]).long()
-    response_mask = (torch.arange(RESPONSE) < response_lengths[:, None]).long()
-    prompts = torch.randint(4, vocab, (ROWS, PROMPT), generator=generator) * prompt_mask
-    responses = torch.randint(4, vocab, (ROWS, RESPONSE), generator=generator) * response_mask
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": torch.cat([prompt_mask, response_mask], 1),
-            "advantages": torch.randn(ROWS, RESPONSE, generator=generator) * response_mask,
-            "old_log_probs": -4.0 + 0.3 * torch.randn(ROWS, RESPONSE, generator=generator),
-        }
-    )
+    prompt_lengths = [1, 2, 1, 3, 2, 1, 2, 1, 6, 5, 6, 4, 6, 5, 6, 3]
+    response_lengths = [2, 0, 3, 1, 2, 4, 1, 2, 10, 9, 7, 10, 8, 10, 6, 9]
+    tensors, generator = padded_rollout(prompt_lengths, response_lengths, (PROMPT, RESPONSE), vocab, seed=5)
+    tensors["advantages"] = torch.randn(ROWS, RESPONSE, generator=generator) * tensors["response_mask"]
+    tensors["old_log_probs"] = -4.0 + 0.3 * torch.randn(ROWS, RESPONSE, generator=generator)
+    return DataProto.from_dict(tensors=tensors)
 
 
 @pytest.mark.slow

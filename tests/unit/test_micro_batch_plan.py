@@ -9,6 +9,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.micro_batches import TokenBudget, plan_micro_batches, restore_rows
 from roll.utils.micro_batch_plan import padded_cost, plan_by_token_budget, split_to_count
 from roll.utils.sequence_packing import pack_rows, unpack_rows
+from tests.padded_rollouts import padded_rollout
 
 PROMPTS = [3, 1, 4, 2, 4, 1]
 RESPONSES = [5, 0, 2, 6, 1, 3]
@@ -49,22 +50,10 @@ def test_split_to_count_halves_the_largest_group_until_the_count_is_reached() ->
 
 def _batch() -> DataProto:
     """Left-padded prompts (width 4) and right-padded responses (width 6) of the lengths above."""
-    rows, prompt_width, response_width = len(PROMPTS), 4, 6
-    prompt_mask = (torch.arange(prompt_width) >= prompt_width - torch.tensor(PROMPTS)[:, None]).long()
-    response_mask = (torch.arange(response_width) < torch.tensor(RESPONSES)[:, None]).long()
-    prompts = torch.randint(1, 50, (rows, prompt_width)) * prompt_mask
-    responses = torch.randint(1, 50, (rows, response_width)) * response_mask
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": torch.cat([prompt_mask, response_mask], 1),
-            "advantages": torch.randn(rows, response_width) * response_mask,
-            "scores": torch.arange(rows, dtype=torch.float32),
-        }
-    )
+    tensors, generator = padded_rollout(PROMPTS, RESPONSES, (4, 6), vocab=50, seed=0)
+    tensors["advantages"] = torch.randn(len(PROMPTS), 6, generator=generator) * tensors["response_mask"]
+    tensors["scores"] = torch.arange(len(PROMPTS), dtype=torch.float32)
+    return DataProto.from_dict(tensors=tensors)
 
 
 @pytest.mark.parametrize("packing", [False, True])

@@ -22,6 +22,7 @@ from roll.distributed.strategy.micro_batches import TokenBudget
 from roll.models.model_providers import ModelKind, load_model
 from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.pipeline.base_worker import ActorWorker, CriticWorker
+from tests.padded_rollouts import padded_rollout
 
 ROWS, PROMPT, RESPONSE = 8, 6, 7  # one optimizer step of 8 rows; the longest possible sequence is 13 tokens
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
@@ -86,28 +87,17 @@ def worker(model: torch.nn.Module, micro: int, accumulation: int, budget: TokenB
 
 def rollout(vocab: int) -> DataProto:
     """Prompts of 1-6 real tokens (left-padded), responses of 0-7 (right-padded), PPO and value targets."""
-    generator = torch.Generator().manual_seed(3)
-    prompt_lengths = torch.tensor([6, 1, 3, 5, 2, 6, 4, 1])
-    response_lengths = torch.tensor([7, 2, 0, 5, 7, 1, 3, 6])
-    prompt_mask = (torch.arange(PROMPT) >= PROMPT - prompt_lengths[:, None]).long()
-    response_mask = (torch.arange(RESPONSE) < response_lengths[:, None]).long()
-    prompts = torch.randint(4, vocab, (ROWS, PROMPT), generator=generator) * prompt_mask
-    responses = torch.randint(4, vocab, (ROWS, RESPONSE), generator=generator) * response_mask
+    prompt_lengths, response_lengths = [6, 1, 3, 5, 2, 6, 4, 1], [7, 2, 0, 5, 7, 1, 3, 6]
+    tensors, generator = padded_rollout(prompt_lengths, response_lengths, (PROMPT, RESPONSE), vocab, seed=3)
     noise = lambda: torch.randn(ROWS, RESPONSE, generator=generator)  # noqa: E731
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": torch.cat([prompt_mask, response_mask], 1),
-            "advantages": noise() * response_mask,
-            "old_log_probs": -4.5 + 0.3 * noise(),  # far enough from the model's to clip some tokens
-            "ref_log_probs": -4.5 + 0.3 * noise(),
-            "values": 0.1 * noise(),
-            "returns": noise(),
-        }
+    tensors.update(
+        advantages=noise() * tensors["response_mask"],
+        old_log_probs=-4.5 + 0.3 * noise(),  # far enough from the model's to clip some tokens
+        ref_log_probs=-4.5 + 0.3 * noise(),
+        values=0.1 * noise(),
+        returns=noise(),
     )
+    return DataProto.from_dict(tensors=tensors)
 
 
 def reference(model_dir: Path, kind: ModelKind = "causal_lm") -> SimpleNamespace:
