@@ -14,7 +14,7 @@ steps (roll's last step, which also evaluates, is left out).
 
 `--ablate algorithm.old_log_probs_pass=always` runs roll once more with that override, right after the
 first roll run, for the ablation table. `--write-docs` rewrites this model's rows of docs/performance.md.
-TRL and `datasets` (requirements_bench.txt) are installed into this environment on first use, with every
+TRL (requirements_bench.txt) is installed into this environment on first use, with every
 installed package held at its version.
 """
 

@@ -100,6 +100,12 @@ VERDICTS: dict[str, Run | Skip] = {
     'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}'),
     "roll-cluster-check": Run("roll-cluster-check rounds=1"),
     "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true"),
+    "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
+    "roll-sft --config-name sft_gsm8k_format": Run("roll-sft --config-name sft_gsm8k_format max_steps=2 eval_steps=2"),
+    "roll-rlvr --config-name rlvr_gsm8k_format": Run(
+        "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
+    ),
+    "pip install wandb": Skip("installs a tracker from the network; tests/unit/test_trackers.py covers the adapters"),
     "roll-rlvr --config-name rlvr_qwen2.5_0.5b_8gpu dry_run=true data.train_file= data.eval_file= "
     "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
     "&max_position_embeddings=32768\"'": Run(
