@@ -26,6 +26,13 @@ class AlgorithmArguments:
     OpenRLHF's default); "sampling" divides the logits by actor_infer's sampling temperature first
     (verl's choice), so old, reference and current log-probs are those of the distribution the samples
     came from. They differ only when sampling at a temperature other than 1.
+    Variants of current practice (docs/algorithms.md): `loss_agg_mode="seq-mean-token-sum-norm"` divides each
+    sequence's loss sum by the maximum response length (Dr. GRPO); `importance_level="sequence"` uses one
+    clipped ratio per sequence, the geometric mean of its token ratios (GSPO); `tis_cap` weights the
+    policy loss by `min(exp(old_logp - engine_logp), tis_cap)` against the generating engine's own log-probs
+    (truncated importance sampling); `overlong_filter` gives responses cut at max_new_tokens without EOS no
+    loss, `overlong_buffer_len` adds DAPO's linear penalty, down to `-overlong_penalty_factor`, over the last
+    `overlong_buffer_len` tokens before max_new_tokens to the score.
     `old_log_probs_pass`: "auto" skips actor_train's separate old log-probs pass on the steps where it
     would score the same weights the update starts from (ppo_epochs 1, the whole rollout one optimizer
     step, no KL reward penalty, which reads them before the update): the update takes them from its own
@@ -44,7 +51,18 @@ class AlgorithmArguments:
     clip_high: float = field(default=0.28, metadata=check(gt=0))
     dual_clip: float | None = field(default=None, metadata=check(gt=1, hint="leave it unset (null) for no dual clip"))
     value_clip: float | None = field(default=0.5, metadata=check(gt=0, hint="null turns value clipping off"))
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    importance_level: Literal["token", "sequence"] = "token"
+    tis_cap: float | None = field(
+        default=None, metadata=check(gt=0, hint="null turns truncated importance sampling off; e.g. 2.0")
+    )
+    overlong_filter: bool = False
+    overlong_buffer_len: int | None = field(
+        default=None, metadata=check(ge=1, hint="null turns the overlong penalty off; e.g. 512")
+    )
+    overlong_penalty_factor: float = field(default=1.0, metadata=check(ge=0))
     entropy_coef: float = field(default=0.0, metadata=check(ge=0))
     kl_loss_kind: KLKind = "k3"
     kl_penalty_kind: KLKind = "k3"

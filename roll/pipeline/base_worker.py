@@ -25,6 +25,11 @@ from roll.utils.kl import masked_kl_estimate
 
 # meta_info key: the temperature the log-prob passes divide logits by (algorithm.log_prob_temperature).
 LOG_PROB_TEMPERATURE = "log_prob_temperature"
+# meta_info key: the maximum response length (max_new_tokens), the constant of loss_agg_mode seq-mean-token-sum-norm;
+# a micro-batch's own width is no constant once token budgets trim its padding.
+MAX_RESPONSE_LENGTH = "max_response_length"
+# meta_info key on a generate request: also return the engine's log-prob of each sampled token (`engine_log_probs`).
+WITH_ENGINE_LOG_PROBS = "with_engine_log_probs"
 
 
 def scored_logits(logits: torch.Tensor, batch: DataProto) -> torch.Tensor:
@@ -79,8 +84,17 @@ class ActorWorker(StrategyWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> DataProto:
-        """Responses to the prompts in `batch` (`num_return_sequences` per prompt, next to each other)."""
-        return self.to_rollout(batch, self.strategy.generate(batch, generating_args), generating_args)
+        """Responses to the prompts in `batch` (`num_return_sequences` per prompt, next to each other).
+
+        With `meta_info[WITH_ENGINE_LOG_PROBS]` the rollout also holds `engine_log_probs` `[B, R]`, the
+        engine's own log-prob of each sampled token (engine strategies only: vllm, sglang).
+        """
+        if not batch.meta_info.get(WITH_ENGINE_LOG_PROBS):
+            return self.to_rollout(batch, self.strategy.generate(batch, generating_args), generating_args)
+        output, engine_log_probs = self.strategy.generate_with_log_probs(batch, generating_args)
+        rollout = self.to_rollout(batch, output, generating_args)
+        engine_log_probs = engine_log_probs * rollout.batch["response_mask"]
+        return rollout.union(DataProto.from_dict(tensors={"engine_log_probs": engine_log_probs}))
 
     def to_rollout(self, batch: DataProto, output: torch.Tensor, generating_args: GeneratingArguments) -> DataProto:
         """The rollout batch of generated `output` (`[prompt | generated]` ids, samples of a prompt adjacent)."""
@@ -139,25 +153,35 @@ class ActorWorker(StrategyWorker):
             logits = all_logits[:, -response_length - 1 : -1]
             log_probs = response_log_probs(all_logits, data["input_ids"], response_length)
             mask = data["response_mask"]
+            old_log_probs = log_probs.detach() if from_update else data["old_log_probs"]
+            norm_length = micro_batch.meta_info.get(MAX_RESPONSE_LENGTH)
+            weights = None
+            if algorithm.tis_cap is not None:
+                weights = ppo_losses.tis_weights(old_log_probs, data["engine_log_probs"], mask, algorithm.tis_cap)
             loss, metrics = ppo_losses.policy_loss(
                 log_probs,
-                log_probs.detach() if from_update else data["old_log_probs"],
+                old_log_probs,
                 data["advantages"],
                 mask,
                 clip_low=algorithm.clip_low,
                 clip_high=algorithm.clip_high,
                 dual_clip=algorithm.dual_clip,
                 agg_mode=algorithm.loss_agg_mode,
+                norm_length=norm_length,
+                importance_level=algorithm.importance_level,
+                token_weights=weights,
             )
+            if weights is not None:
+                metrics["tis_weight_mean"] = masked_mean(weights, mask)
             if algorithm.entropy_coef:
                 entropy = ppo_losses.aggregate_loss(
-                    ppo_losses.entropy_from_logits(logits), mask, algorithm.loss_agg_mode
+                    ppo_losses.entropy_from_logits(logits), mask, algorithm.loss_agg_mode, norm_length
                 )
                 loss = loss - algorithm.entropy_coef * entropy
                 metrics["entropy"] = entropy.detach()
             if algorithm.use_kl_loss:
                 kl = ppo_losses.kl_loss(
-                    log_probs, data["ref_log_probs"], mask, algorithm.kl_loss_kind, algorithm.loss_agg_mode
+                    log_probs, data["ref_log_probs"], mask, algorithm.kl_loss_kind, algorithm.loss_agg_mode, norm_length
                 )
                 loss = loss + algorithm.kl_loss_coef * kl
                 metrics["kl_loss"] = kl.detach()
@@ -202,6 +226,7 @@ class CriticWorker(StrategyWorker):
                 data["response_mask"],
                 clip=algorithm.value_clip,
                 agg_mode=algorithm.loss_agg_mode,
+                norm_length=micro_batch.meta_info.get(MAX_RESPONSE_LENGTH),
             )
             return step_normalised(loss, micro_batch, algorithm.loss_agg_mode), metrics
 

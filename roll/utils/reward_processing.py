@@ -61,3 +61,23 @@ def group_index_from_repeat(num_prompts: int, n: int, interleave: bool = True) -
     """
     prompts = torch.arange(num_prompts)
     return prompts.repeat_interleave(n) if interleave else prompts.repeat(n)
+
+
+def truncated_responses(
+    responses: torch.Tensor, response_mask: torch.Tensor, eos_token_id: int, max_length: int
+) -> torch.Tensor:
+    """Bool `[B]`: True for responses cut at `max_length` tokens, i.e. that long and not ending in EOS."""
+    lengths = response_mask.sum(-1)
+    last = responses.gather(-1, (lengths - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (lengths >= max_length) & (last != eos_token_id)
+
+
+def overlong_penalty(response_lengths: torch.Tensor, max_length: int, buffer_len: int, factor: float) -> torch.Tensor:
+    """DAPO's soft overlong penalty `[B]`: 0 up to `max_length - buffer_len` tokens, then linear down to `-factor`.
+
+    `-factor * clamp((L - (max_length - buffer_len)) / buffer_len, 0, 1)` for a response of L tokens.
+    """
+    if not 0 < buffer_len <= max_length:
+        raise ValueError(f"overlong buffer_len={buffer_len} must be in (0, max_length={max_length}]")
+    exceed = (response_lengths.float() - (max_length - buffer_len)) / buffer_len
+    return -factor * exceed.clamp(0.0, 1.0)

@@ -9,6 +9,8 @@ from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.data_config import DataArguments
 from roll.configs.schema import DOTTED_PATH, ConfigError, Rule, any_value, check, checked_in_validate
 from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
+from roll.distributed.strategy.engine_strategy import EngineStrategy
+from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
 from roll.pipeline.checkpoint_state import load_driver_state
@@ -168,6 +170,7 @@ class RLVRConfig(PipelineConfig):
             )
         if algorithm.needs_reference and self.reference is None:
             raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
+        self._check_loss_variants()
         for key, reward in self.rewards.items():
             for dotted in reward.reward_fns:
                 try:
@@ -183,6 +186,30 @@ class RLVRConfig(PipelineConfig):
         if len(domains) != len(set(domains)):
             raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")
         self._check_inputs()
+
+    def _check_loss_variants(self) -> None:
+        """The overlong buffer within the generation budget; TIS with an engine that returns its log-probs."""
+        algorithm, generating = self.algorithm, self.actor_infer.generating_args
+        buffer_len = algorithm.overlong_buffer_len
+        if buffer_len is not None and buffer_len > generating.max_new_tokens:
+            raise ConfigError(
+                f"algorithm.overlong_buffer_len={buffer_len} exceeds actor_infer.generating_args.max_new_tokens="
+                f"{generating.max_new_tokens}; set it to at most max_new_tokens (DAPO: a fraction of it)"
+            )
+        if algorithm.tis_cap is None:
+            return
+        strategy = self.actor_infer.strategy_args.strategy_name if self.actor_infer.strategy_args else None
+        if strategy is None or not issubclass(strategy_class(strategy), EngineStrategy):
+            raise ConfigError(
+                f"algorithm.tis_cap needs the engine's own log-probs, which actor_infer strategy {strategy!r} does "
+                "not return; use strategy vllm or sglang for actor_infer, or set algorithm.tis_cap to null"
+            )
+        if algorithm.log_prob_temperature == "sampling" and generating.temperature != 1.0:
+            raise ConfigError(
+                "algorithm.tis_cap compares with the engine's log-probs before temperature, but "
+                f"algorithm.log_prob_temperature=sampling scores at temperature {generating.temperature}; "
+                "set algorithm.log_prob_temperature=one"
+            )
 
     def _check_inputs(self) -> None:
         """Model directories, lengths, data, memory and the checkpoint to resume from."""

@@ -18,13 +18,13 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline import checkpoint_state
 from roll.pipeline.base_pipeline import BasePipeline
-from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE
+from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
 from roll.pipeline.evaluation import greedy_accuracy
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rollout import compute_advantages, consumer_row_multiple, keep_informative_groups
 from roll.utils.kl import AdaptiveKLController, FixedKLController
-from roll.utils.reward_processing import group_index_from_repeat
+from roll.utils.reward_processing import group_index_from_repeat, overlong_penalty, truncated_responses
 from roll.utils.tracking import MetricsTracker, show_progress
 
 logger = logging.getLogger(__name__)
@@ -124,9 +124,11 @@ class RLVRPipeline(BasePipeline):
 
         with timed(phases.GENERATE, timings):
             prompts = encode_prompts(self.sampler.next_batch(), self.pad_id)
+            prompts.meta_info[WITH_ENGINE_LOG_PROBS] = config.algorithm.tis_cap is not None
             generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
             batch = clusters["actor_infer"].generate(prompts, generating_args)
             batch.meta_info[LOG_PROB_TEMPERATURE] = self.log_prob_temperature
+            batch.meta_info[MAX_RESPONSE_LENGTH] = generating_args.max_new_tokens
             n = generating_args.num_return_sequences
             group_index = group_index_from_repeat(len(prompts), n, interleave=True)
 
@@ -136,6 +138,16 @@ class RLVRPipeline(BasePipeline):
             batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
         metrics.update(self._rollout_metrics(batch))
         self._log_samples(batch, step)
+        if config.algorithm.overlong_buffer_len is not None:
+            lengths = batch.batch["response_mask"].sum(-1)
+            penalty = overlong_penalty(
+                lengths,
+                generating_args.max_new_tokens,
+                config.algorithm.overlong_buffer_len,
+                config.algorithm.overlong_penalty_factor,
+            )
+            batch.batch["scores"] = batch.batch["scores"].float() + penalty
+            metrics["rollout/overlong_penalty_mean"] = penalty.mean().item()
 
         if config.algorithm.dynamic_sampling:
             trainers = [config.actor_train] + ([config.critic] if "critic" in clusters else [])
@@ -185,6 +197,14 @@ class RLVRPipeline(BasePipeline):
             if "actor/kl" in metrics:
                 self.kl_controller.update(metrics["actor/kl"], len(batch))
 
+        if algorithm.overlong_filter:
+            # DAPO's overlong filtering: truncated samples still count in their group's statistics, but get no loss.
+            data = batch.batch
+            truncated = truncated_responses(
+                data["responses"], data["response_mask"], self.tokenizer.eos_token_id, generating_args.max_new_tokens
+            )
+            data["response_mask"] = data["response_mask"] * (~truncated).unsqueeze(-1).to(data["response_mask"].dtype)
+            metrics["actor/overlong_filtered_fraction"] = truncated.float().mean().item()
         train_batch = batch.select(batch_keys=[k for k in batch.batch if k != "scores"], non_tensor_keys=[])
         if "critic" in clusters:
             with timed(phases.CRITIC_UPDATE, timings):
