@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
+from roll.datasets.gsm8k_format import write_gsm8k_format
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.sft.sft_config import SFTConfig
@@ -33,6 +34,8 @@ PIPELINE_SCHEMAS = {
     "sft_arithmetic": SFTConfig,
     "rlvr_arithmetic": RLVRConfig,
     "rlvr_qwen2.5_0.5b_8gpu": RLVRConfig,
+    "sft_gsm8k_format": SFTConfig,
+    "rlvr_gsm8k_format": RLVRConfig,
 }
 SCHEMA_NODES = {"cluster_check": ClusterCheckConfig, "sft": SFTConfig, "rlvr": RLVRConfig}
 
@@ -78,6 +81,11 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     Validation checks that models and data exist; the recipes name an SFT export (made by the first
     command of scripts/run.sh) or a downloaded model and data.
     """
+    if "gsm8k" in name:
+        paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
+        files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]
+        files.append("devices_per_node=2")
+        return [*files, "pretrain=tiny://qwen2"] if name.startswith("rlvr") else files
     if "gpu" not in name:
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if name.startswith("rlvr") else ["devices_per_node=2"]
     data = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(200))
