@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -76,22 +75,19 @@ def test_every_yaml_is_a_block_or_a_known_pipeline() -> None:
 
 
 def local_inputs(name: str, tmp_path: Path) -> list[str]:
-    """Overrides pointing a recipe at inputs this machine has: a tiny model, and data files for the GPU recipe.
+    """Overrides pointing a recipe at inputs this machine has: a tiny model and, for file data, GSM8K-format files.
 
     Validation checks that models and data exist; the recipes name an SFT export (made by the first
     command of scripts/run.sh) or a downloaded model and data.
     """
-    if "gsm8k" in name:
-        paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
-        files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]
-        files.append("devices_per_node=2")
-        return [*files, "pretrain=tiny://qwen2"] if name.startswith("rlvr") else files
-    if "gpu" not in name:
+    if "gsm8k" not in name and "gpu" not in name:
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if name.startswith("rlvr") else ["devices_per_node=2"]
-    data = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(200))
-    (tmp_path / "problems.jsonl").write_text(data)
-    files = [f"data.{key}={tmp_path / 'problems.jsonl'}" for key in ("train_file", "eval_file")]
-    return ["pretrain='tiny://qwen2?max_position_embeddings=2048'", *files]
+    paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
+    files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]
+    if "gpu" in name:
+        return ["pretrain='tiny://qwen2?max_position_embeddings=2048'", *files]
+    files.append("devices_per_node=2")
+    return [*files, "pretrain=tiny://qwen2"] if name.startswith("rlvr") else files
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINE_SCHEMAS))
