@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from roll.configs.schema import SEED, any_value, check, checked_in_validate
+from roll.configs.schema import SEED, Rule, any_value, check, checked_in_validate
 
 _DATA_FILE = (
     "a .jsonl, .json, .parquet or .csv file, a list of such files, a directory written by `datasets`' "
@@ -30,6 +30,16 @@ class DataArguments:
     # Optional for conversations ending with an assistant turn (that turn is then the answer).
     answer_key: str = field(default="answer", metadata=_COLUMN)
     domain_key: str = field(default=DEFAULT_DOMAIN_KEY, metadata=_COLUMN)
+    # Every training batch holds each domain's share by weight (e.g. {math: 3, code: 1}); empty: rows are drawn
+    # from all the data alike. The weights must name exactly the training data's domains.
+    domain_weights: dict[str, float] = field(
+        default_factory=dict,
+        metadata=check(
+            items=Rule(gt=0, expect="a positive weight"),
+            keys=Rule(pattern=r"[\w.-]+", expect="a domain name"),
+            bad={"math": 0},
+        ),
+    )
     # null: on when the tokenizer has a chat template; true requires one.
     apply_chat_template: bool | None = field(
         default=None, metadata=check(bad="yes", expect="true, false or null (on when the tokenizer has one)")

@@ -189,6 +189,56 @@ class PromptSampler:
         self._order = self._shuffled(self.epoch)
 
 
+def domain_counts(batch_size: int, weights: dict[str, float]) -> dict[str, int]:
+    """Each domain's rows in a batch of `batch_size`: its share by weight, rounded by largest remainder.
+
+    Raises ValueError when a domain would get no row.
+    """
+    total = sum(weights.values())
+    exact = {domain: batch_size * weight / total for domain, weight in weights.items()}
+    counts = {domain: int(share) for domain, share in exact.items()}
+    by_remainder = sorted(exact, key=lambda d: (counts[d] - exact[d], d))
+    for domain in by_remainder[: batch_size - sum(counts.values())]:
+        counts[domain] += 1
+    empty = sorted(domain for domain, count in counts.items() if count == 0)
+    if empty:
+        raise ValueError(f"domain(s) {empty} get no row of a batch of {batch_size}")
+    return counts
+
+
+class DomainMixSampler:
+    """Batches holding each domain's share by weight, each domain an endless shuffled stream of its examples."""
+
+    def __init__(self, examples: Sequence[Example], batch_size: int, seed: int, weights: dict[str, float]) -> None:
+        counts = domain_counts(batch_size, weights)
+        self.samplers = {
+            domain: PromptSampler([e for e in examples if e.domain == domain], counts[domain], seed + index)
+            for index, domain in enumerate(sorted(counts))
+        }
+
+    def next_batch(self) -> list[Example]:
+        """The next batch: each domain's rows, domain after domain."""
+        return [example for sampler in self.samplers.values() for example in sampler.next_batch()]
+
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        """Where each domain's stream is, for a checkpoint."""
+        return {domain: sampler.state_dict() for domain, sampler in self.samplers.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, int]]) -> None:
+        """Continue every domain's stream from a checkpointed position."""
+        for domain, sampler in self.samplers.items():
+            sampler.load_state_dict(state[domain])
+
+
+def make_sampler(
+    examples: Sequence[Example], batch_size: int, seed: int, weights: dict[str, float]
+) -> PromptSampler | DomainMixSampler:
+    """The training batches: mixed by domain `weights` when given, else drawn from all examples alike."""
+    if weights:
+        return DomainMixSampler(examples, batch_size, seed, weights)
+    return PromptSampler(examples, batch_size, seed)
+
+
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id used for padding (the EOS id when the tokenizer has no pad token)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -239,6 +239,8 @@ class PipelineConfig:
                 f"{batch_field}={batch_size} is more than the {len(train)} training problems of {source}; "
                 f"lower {batch_field} or add problems"
             )
+        if data.domain_weights:
+            check_domain_mix(data.domain_weights, Counter(e.domain for e in train), batch_size, batch_field)
         return train, held_out
 
     def check_generation_memory(
@@ -271,6 +273,27 @@ class PipelineConfig:
             return role.dp_size
         first_devices = role.devices[:: role.num_devices_per_worker]
         return max(Counter(d // self.devices_per_node for d in first_devices).values())
+
+
+def check_domain_mix(weights: dict[str, float], rows: Counter[str], batch_size: int, batch_field: str) -> None:
+    """`data.domain_weights` names exactly the training data's domains and gives each enough rows of a batch."""
+    from roll.datasets.prompt_dataset import domain_counts
+
+    if set(weights) != set(rows):
+        raise ConfigError(
+            f"data.domain_weights names domain(s) {sorted(weights)} but the training data has {sorted(rows)}; "
+            "give a weight to each domain of the data, and to no other"
+        )
+    try:
+        counts = domain_counts(batch_size, weights)
+    except ValueError as exc:
+        raise ConfigError(f"data.domain_weights: {exc} ({batch_field}); raise its weight or {batch_field}") from exc
+    short = {domain: rows[domain] for domain, count in counts.items() if rows[domain] < count}
+    if short:
+        raise ConfigError(
+            f"data.domain_weights asks for {counts} rows per batch but the data has only {short}; "
+            f"lower those weights or {batch_field}, or add rows"
+        )
 
 
 def check_role_arguments(role: WorkerConfig) -> None:

@@ -223,9 +223,16 @@ class RLVRConfig(PipelineConfig):
             f"data.max_prompt_length={self.data.max_prompt_length} + "
             f"actor_infer.generating_args.max_new_tokens={generating.max_new_tokens}",
         )
-        _, held_out = self.check_data(
+        train, held_out = self.check_data(
             self.data, self.rollout_batch_size, "rollout_batch_size", self.actor_train.model_args.model_name_or_path
         )
+        served = {domain for reward in self.rewards.values() for domain in reward.domains}
+        unserved = sorted({example.domain for example in (*train, *held_out)} - served)
+        if unserved:
+            raise ConfigError(
+                f"the data has domain(s) {unserved} that no reward cluster scores; add each to the domains of a "
+                f"rewards.* cluster (served now: {sorted(served)})"
+            )
         evaluated = min(len(held_out), self.eval_batch_size or len(held_out))
         lower = (
             "actor_infer.generating_args.max_new_tokens, actor_infer.infer_batch_size or "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from roll.datasets.prompt_dataset import PromptSampler, encode_prompts, load_splits, pad_token_id
+from roll.datasets.prompt_dataset import encode_prompts, load_splits, make_sampler, pad_token_id
 from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
@@ -44,7 +44,9 @@ class RLVRPipeline(BasePipeline):
         self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
         if config.eval_batch_size:
             self.eval_examples = self.eval_examples[: config.eval_batch_size]
-        self.sampler = PromptSampler(self.train_examples, config.rollout_batch_size, config.seed)
+        self.sampler = make_sampler(
+            self.train_examples, config.rollout_batch_size, config.seed, config.data.domain_weights
+        )
         algorithm = config.algorithm
         self.kl_controller = (
             AdaptiveKLController(algorithm.kl_penalty_coef, algorithm.adaptive_kl_target, algorithm.adaptive_kl_horizon)

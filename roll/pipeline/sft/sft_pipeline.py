@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from roll.configs.worker_config import GeneratingArguments
-from roll.datasets.prompt_dataset import PromptSampler, encode_demonstrations, load_splits, pad_token_id
+from roll.datasets.prompt_dataset import encode_demonstrations, load_splits, make_sampler, pad_token_id
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
@@ -40,7 +40,7 @@ class SFTPipeline(BasePipeline):
         self.tokenizer = load_tokenizer(model_path)
         self.pad_id = pad_token_id(self.tokenizer)
         self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer, config.max_response_length)
-        self.sampler = PromptSampler(self.train_examples, config.batch_size, config.seed)
+        self.sampler = make_sampler(self.train_examples, config.batch_size, config.seed, config.data.domain_weights)
         self.generating_args = GeneratingArguments(max_new_tokens=config.max_response_length)
 
     def _score(self, batch: DataProto) -> torch.Tensor:
