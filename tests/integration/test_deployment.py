@@ -61,7 +61,7 @@ def submit_job(job_server: str, entrypoint: list[str], timeout_s: float = 120) -
     """`ray job submit` as a user runs it, tried again while the head's job agent has not registered yet.
 
     Just after `ray start --head` the job server can answer before its agent has joined; Ray then
-    refuses the job with "No available agent ... please try again later" and nothing was started.
+    refuses the job with "No available agent ... please try again later" and has started nothing.
     """
     command = ["ray", "job", "submit", f"--address={job_server}", "--working-dir=.", "--", *entrypoint]
     deadline = time.monotonic() + timeout_s
@@ -74,9 +74,14 @@ def submit_job(job_server: str, entrypoint: list[str], timeout_s: float = 120) -
 
 @pytest.fixture
 def head() -> Iterator[tuple[str, str]]:
-    """`ray start --head --block` as a user starts it; yields the GCS address and the job server's URL."""
-    port, dashboard = free_port(), free_port()
+    """`ray start --head --block` as a user starts it; yields the GCS address and the job server's URL.
+
+    The job agent gets a free port of its own: the test session's Ray already holds the default (52365),
+    and a head whose agent cannot bind refuses every job ("No available agent to submit job").
+    """
+    port, dashboard, agent = free_port(), free_port(), free_port()
     command = ["ray", "start", "--head", f"--port={port}", f"--dashboard-port={dashboard}", "--num-cpus=4", "--block"]
+    command.append(f"--dashboard-agent-listen-port={agent}")
     process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         address = f"127.0.0.1:{port}"
