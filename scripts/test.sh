@@ -6,6 +6,6 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/setup_env.sh"
 source "$repo_root/scripts/cpu_env.sh"
 cd "$repo_root"
-"$venv/bin/ruff" check roll tests examples scripts
-"$venv/bin/ruff" format --check roll tests examples scripts
+"$venv/bin/ruff" check roll tests examples scripts benchmarks
+"$venv/bin/ruff" format --check roll tests examples scripts benchmarks
 exec "$venv/bin/python" -m pytest "$@"
