@@ -21,6 +21,9 @@ from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from roll.platforms import get_platform
+from roll.platforms.cpu import cpu_model_name
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCS = REPO_ROOT / "docs"
 WRITE_DOCS = "--write-docs"
@@ -36,24 +39,6 @@ def markers(name: str) -> tuple[str, str]:
 
 
 # ---- the machine ------------------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what `platform` knows."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else (platform.processor() or platform.machine() or "unknown CPU")
-
-
-def visible_cores() -> int:
-    """Cores this process may run on (its affinity mask; a container's limit shows here, not in cpu_count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def memory_gib() -> float:
@@ -76,11 +61,12 @@ def versions(packages: Iterable[str]) -> str:
 
 def machine(packages: Sequence[str] = ("torch",), today: datetime.date | None = None) -> str:
     """CPU model, visible cores, memory, Python and `packages` versions, and the date."""
-    cores = visible_cores()
+    cores = get_platform("cpu").device_count()  # the affinity mask: a container's limit shows there
     total = os.cpu_count() or cores
     core_text = f"{cores} cores" if cores == total else f"{cores} of {total} cores"
     software = ", ".join(filter(None, [f"Python {platform.python_version()}", versions(packages)]))
-    return f"{cpu_model()}, {core_text}, {memory_gib():.1f} GiB memory; {software}; {today or datetime.date.today()}"
+    day = today or datetime.date.today()
+    return f"{cpu_model_name()}, {core_text}, {memory_gib():.1f} GiB memory; {software}; {day}"
 
 
 # ---- the command ------------------------------------------------------------------------------------------
