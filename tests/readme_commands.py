@@ -77,6 +77,11 @@ QUICK_RUN = "sft.max_steps=2 sft.eval_steps=2 max_steps=1 eval_steps=1"  # the w
 VLLM_RUN = (
     "bash scripts/run.sh devices_per_node=3 actor_infer.device_mapping=2 actor_infer.strategy_args.strategy_name=vllm"
 )
+GPU_RECIPE_DRY_RUN = (
+    "roll-rlvr --config-name rlvr_qwen2.5_0.5b_8gpu dry_run=true data.train_file= data.eval_file= "
+    "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
+    "&max_position_embeddings=32768\"'"
+)
 COLLECT = "--collect-only -q"  # lint, then collect the chosen tests: the command works and selects tests
 
 VERDICTS: dict[str, Run | Skip] = {
@@ -106,13 +111,7 @@ VERDICTS: dict[str, Run | Skip] = {
         "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
     ),
     "pip install wandb": Skip("installs a tracker from the network; tests/unit/test_trackers.py covers the adapters"),
-    "roll-rlvr --config-name rlvr_qwen2.5_0.5b_8gpu dry_run=true data.train_file= data.eval_file= "
-    "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
-    "&max_position_embeddings=32768\"'": Run(
-        "roll-rlvr --config-name rlvr_qwen2.5_0.5b_8gpu dry_run=true data.train_file= data.eval_file= "
-        "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
-        "&max_position_embeddings=32768\"'"
-    ),
+    GPU_RECIPE_DRY_RUN: Run(GPU_RECIPE_DRY_RUN),
     VLLM_RUN: Run(f"{VLLM_RUN} dry_run=true"),
     "export RAY_AUTH_MODE=token": Run("export RAY_AUTH_MODE=token"),
     "RAY_ADDRESS=<head-ip>:6379 roll-rlvr num_nodes=2 devices_per_node=8": Skip(CLUSTER),
