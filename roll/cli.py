@@ -1,4 +1,4 @@
-"""Console entry points installed with the package: `roll-rlvr`, `roll-sft` and `roll-cluster-check`.
+"""Console entry points installed with the package: `roll-rlvr`, `roll-sft`, `roll-dpo` and `roll-cluster-check`.
 
 Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
 `--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
@@ -18,6 +18,8 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
+from roll.pipeline.dpo.dpo_config import DPOConfig
+from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
 from roll.pipeline.entry import run_pipeline
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
@@ -38,6 +40,7 @@ class Entry(NamedTuple):
 ENTRIES = {
     "rlvr": Entry(RLVRConfig, RLVRPipeline, "rlvr_arithmetic"),
     "sft": Entry(SFTConfig, SFTPipeline, "sft_arithmetic"),
+    "dpo": Entry(DPOConfig, DPOPipeline, "dpo_arithmetic"),
     "cluster_check": Entry(ClusterCheckConfig, ClusterCheckPipeline, "cluster_check"),
 }
 
@@ -64,6 +67,11 @@ def rlvr() -> None:
 def sft() -> None:
     """`roll-sft`: supervised fine-tuning, by default the arithmetic warm start."""
     run_entry("sft")
+
+
+def dpo() -> None:
+    """`roll-dpo`: direct preference optimisation, by default on arithmetic pairs (the correct answer preferred)."""
+    run_entry("dpo")
 
 
 def cluster_check() -> None:

@@ -1,4 +1,4 @@
-"""Where a pipeline's prompts and demonstrations come from (shared by RLVR and SFT)."""
+"""Where a pipeline's prompts, demonstrations and preference pairs come from (RLVR and SFT; DPO)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,34 @@ DEFAULT_DOMAIN = "math"
 
 
 @dataclass
-class DataArguments:
-    """Where prompts come from (data files read with Hugging Face `datasets`, or the built-in arithmetic task
-    when both files are empty) and how they become the model's input (columns, chat template, lengths)."""
+class SourceArguments:
+    """What every pipeline's data shares: the files (or the built-in arithmetic task when both are empty), the
+    prompt column and how prompts become the model's input (chat template, lengths)."""
 
     train_file: str | list[str] = field(default="", metadata=checked_in_validate(_DATA_FILE, "/no/such/train.jsonl"))
     eval_file: str | list[str] = field(default="", metadata=checked_in_validate(_DATA_FILE, "/no/such/eval.jsonl"))
     # The prompt column holds text, or a conversation (a list of {role, content}, e.g. `messages`) whose
     # trailing assistant turn is the demonstration.
     prompt_key: str = field(default="prompt", metadata=_COLUMN)
+    # null: on when the tokenizer has a chat template; true requires one.
+    apply_chat_template: bool | None = field(
+        default=None, metadata=check(bad="yes", expect="true, false or null (on when the tokenizer has one)")
+    )
+    system_prompt: str = field(
+        default="", metadata=any_value("any text, put first in every prompt as a system turn; empty: none")
+    )
+    max_prompt_length: int = field(default=16, metadata=check(ge=1))
+    # What happens to a prompt longer than max_prompt_length (and, in SFT and DPO, a response longer than
+    # max_response_length): dropped with a count logged, or a config error.
+    too_long: Literal["drop", "error"] = "drop"
+    task_seed: int = field(default=0, metadata=check(SEED))
+
+
+@dataclass
+class DataArguments(SourceArguments):
+    """Where prompts come from (data files read with Hugging Face `datasets`, or the built-in arithmetic task
+    when both files are empty) and how they become the model's input (columns, chat template, lengths)."""
+
     # Optional for conversations ending with an assistant turn (that turn is then the answer).
     answer_key: str = field(default="answer", metadata=_COLUMN)
     domain_key: str = field(default=DEFAULT_DOMAIN_KEY, metadata=_COLUMN)
@@ -40,15 +59,13 @@ class DataArguments:
             bad={"math": 0},
         ),
     )
-    # null: on when the tokenizer has a chat template; true requires one.
-    apply_chat_template: bool | None = field(
-        default=None, metadata=check(bad="yes", expect="true, false or null (on when the tokenizer has one)")
-    )
-    system_prompt: str = field(
-        default="", metadata=any_value("any text, put first in every prompt as a system turn; empty: none")
-    )
-    max_prompt_length: int = field(default=16, metadata=check(ge=1))
-    # What happens to a prompt longer than max_prompt_length (and, in SFT, a demonstration longer than
-    # max_response_length): dropped with a count logged, or a config error.
-    too_long: Literal["drop", "error"] = "drop"
-    task_seed: int = field(default=0, metadata=check(SEED))
+
+
+@dataclass
+class PreferenceDataArguments(SourceArguments):
+    """Preference pairs: a prompt with a chosen and a rejected response (data files, or the built-in arithmetic
+    task's pairs of the correct answer over a wrong one when both files are empty)."""
+
+    # Each holds the response as text, or as a conversation whose last turn is the assistant's response.
+    chosen_key: str = field(default="chosen", metadata=_COLUMN)
+    rejected_key: str = field(default="rejected", metadata=_COLUMN)

@@ -37,3 +37,10 @@ def arithmetic_problems(
     random.Random(seed).shuffle(problems)
     held_out = max(1, int(len(problems) * held_out_fraction))
     return problems[held_out:], problems[:held_out]
+
+
+def wrong_answers(problems: list[Problem], max_offset: int = 5, seed: int = 0) -> list[str]:
+    """One wrong answer per problem, the correct one off by 1 to `max_offset` either way (seeded, so fixed)."""
+    rng = random.Random(seed)
+    offsets = [o for o in range(-max_offset, max_offset + 1) if o]
+    return [str(int(p.answer) + rng.choice(offsets)) for p in problems]

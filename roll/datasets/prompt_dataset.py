@@ -16,7 +16,7 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from roll.configs.data_config import DataArguments
+from roll.configs.data_config import DataArguments, SourceArguments
 from roll.configs.schema import ConfigError
 from roll.datasets.arithmetic import Problem, arithmetic_problems
 from roll.datasets.chat_format import format_prompt, use_chat_template
@@ -87,18 +87,44 @@ def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
 def tokenize(
     table: datasets.Dataset,
     tokenizer: PreTrainedTokenizerBase,
-    data: DataArguments,
+    data: SourceArguments,
     max_response_length: int | None,
     source: str,
 ) -> list[Example]:
     """Examples of `table`'s rows: formatted (chat template as configured), tokenised, too-long rows handled."""
-    encode_args = {
+    encoded = table.map(
+        encode_row,
+        fn_kwargs=encode_kwargs(tokenizer, data),
+        remove_columns=["messages", "demonstration"],
+        desc="tokenizing",
+    )
+    kept = length_filtered(encoded, data, max_response_length, source, ["response_ids"])
+    return [Example(**row) for row in kept.to_list()]
+
+
+def encode_kwargs(tokenizer: PreTrainedTokenizerBase, data: SourceArguments) -> dict[str, Any]:
+    """The keyword arguments of `encode_row` for `data`'s formatting."""
+    return {
         "tokenizer": tokenizer,
         "chat_template": use_chat_template(data.apply_chat_template, tokenizer),
         "system_prompt": data.system_prompt,
     }
-    encoded = table.map(_encode, fn_kwargs=encode_args, remove_columns=["messages", "demonstration"], desc="tokenizing")
-    limits = {"max_prompt_length": data.max_prompt_length, "max_response_length": max_response_length}
+
+
+def length_filtered(
+    encoded: datasets.Dataset,
+    data: SourceArguments,
+    max_response_length: int | None,
+    source: str,
+    response_columns: list[str],
+) -> datasets.Dataset:
+    """The rows of `encoded` whose prompt and `response_columns` fit the limits; the others are dropped with a
+    warning or refused, as `data.too_long` says."""
+    limits = {
+        "max_prompt_length": data.max_prompt_length,
+        "max_response_length": max_response_length,
+        "response_columns": response_columns,
+    }
     kept = encoded.filter(_fits, fn_kwargs=limits, desc="length filter")
     dropped = len(encoded) - len(kept)
     if dropped:
@@ -111,24 +137,31 @@ def tokenize(
             example = first["prompt"]
             raise ConfigError(f"{source}: {dropped} of {len(encoded)} rows have {what}, e.g. {example!r}; {fix}")
         logger.warning("%s: dropped %d of %d rows with %s", source, dropped, len(encoded), what)
-    return [Example(**row) for row in kept.to_list()]
+    return kept
 
 
-def _encode(
+def response_ids(text: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids of a response `text`, ending with EOS (the model learns to stop there)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def encode_row(
     row: dict[str, Any], tokenizer: PreTrainedTokenizerBase, chat_template: bool, system_prompt: str
 ) -> dict[str, Any]:
+    """A row's formatted prompt, its ids and the ids of its `demonstration`."""
     prompt = format_prompt(row["messages"], tokenizer, chat_template, system_prompt)
-    response = tokenizer(row["demonstration"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return {
         "prompt": prompt,
         "prompt_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
-        "response_ids": response,
+        "response_ids": response_ids(row["demonstration"], tokenizer),
     }
 
 
-def _fits(row: dict[str, Any], max_prompt_length: int, max_response_length: int | None) -> bool:
-    short_response = max_response_length is None or len(row["response_ids"]) <= max_response_length
-    return len(row["prompt_ids"]) <= max_prompt_length and short_response
+def _fits(
+    row: dict[str, Any], max_prompt_length: int, max_response_length: int | None, response_columns: list[str]
+) -> bool:
+    short = max_response_length is None or all(len(row[c]) <= max_response_length for c in response_columns)
+    return len(row["prompt_ids"]) <= max_prompt_length and short
 
 
 def encode_prompts(examples: Sequence[Example], pad_id: int) -> DataProto:

@@ -1,0 +1,161 @@
+"""Preference pairs: a prompt with a chosen and a rejected response, from data files or the arithmetic task.
+
+The built-in pairs prefer each arithmetic problem's correct answer over a wrong one near it. File rows
+are mapped through `data.prompt_key`, `data.chosen_key` and `data.rejected_key`, then formatted,
+tokenised and length-checked like SFT demonstrations (`roll.datasets.prompt_dataset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from roll.configs.data_config import DEFAULT_DOMAIN, PreferenceDataArguments
+from roll.configs.schema import ConfigError
+from roll.datasets.arithmetic import arithmetic_problems, wrong_answers
+from roll.datasets.prompt_dataset import (
+    BUILT_IN,
+    Example,
+    encode_demonstrations,
+    encode_kwargs,
+    encode_row,
+    length_filtered,
+    response_ids,
+)
+from roll.datasets.sources import quiet_progress, read_table, split_conversation
+from roll.distributed.scheduler.protocol import DataProto
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One prompt's chosen and rejected responses, each an `Example` whose response is that answer."""
+
+    chosen: Example
+    rejected: Example
+
+
+def load_preference_splits(
+    data: PreferenceDataArguments, tokenizer: PreTrainedTokenizerBase, max_response_length: int
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """Train and held-out pairs from `data.train_file` / `data.eval_file`, else the built-in arithmetic pairs.
+
+    Pairs whose prompt or either response is too long are dropped or refused as `data.too_long` says.
+    """
+    if bool(data.train_file) != bool(data.eval_file):
+        given, missing = ("train_file", "eval_file") if data.train_file else ("eval_file", "train_file")
+        raise ConfigError(
+            f"data.{missing} is empty but data.{given} is set: give both, or neither for the built-in arithmetic pairs"
+        )
+    with quiet_progress():
+        if data.train_file:
+            sources = [f"data.{key}={getattr(data, key)!r}" for key in ("train_file", "eval_file")]
+            tables = [
+                to_preference_rows(read_table(files, source), data, source)
+                for files, source in zip((data.train_file, data.eval_file), sources, strict=True)
+            ]
+        else:
+            sources = [f"{BUILT_IN} ({split})" for split in ("train", "held out")]
+            splits = arithmetic_problems(seed=data.task_seed)
+            tables = [arithmetic_preference_table(split, data.task_seed) for split in splits]
+        train, held_out = (
+            tokenize_pairs(table, tokenizer, data, max_response_length, source)
+            for table, source in zip(tables, sources, strict=True)
+        )
+        return train, held_out
+
+
+def arithmetic_preference_table(problems: Sequence[Any], seed: int) -> datasets.Dataset:
+    """The arithmetic `problems` as preference rows: the correct answer chosen, a wrong one near it rejected."""
+    return datasets.Dataset.from_list(
+        [
+            {"messages": [{"role": "user", "content": p.prompt}], "chosen": p.answer, "rejected": wrong}
+            for p, wrong in zip(problems, wrong_answers(list(problems), seed=seed), strict=True)
+        ]
+    )
+
+
+def to_preference_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: str) -> datasets.Dataset:
+    """`table` mapped onto (messages, chosen, rejected) through `data.prompt_key`, `chosen_key` and `rejected_key`."""
+    columns = table.column_names
+    for setting in ("prompt_key", "chosen_key", "rejected_key"):
+        key = getattr(data, setting)
+        if key not in columns:
+            existing = ", ".join(repr(c) for c in columns)
+            raise ConfigError(f"{source}: no column {key!r} (data.{setting}); its columns are {existing}")
+    keys = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
+    return table.map(
+        _normalize,
+        with_indices=True,
+        fn_kwargs={**keys, "source": source},
+        remove_columns=columns,
+        desc="reading pairs",
+    )
+
+
+def _normalize(
+    row: dict[str, Any], index: int, prompt_key: str, chosen_key: str, rejected_key: str, source: str
+) -> dict[str, Any]:
+    where = f"{source} row {index}"
+    prompt = row[prompt_key]
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages, answer = split_conversation(prompt, where)
+        if answer is not None:
+            raise ConfigError(
+                f"{where}: the prompt (data.prompt_key={prompt_key!r}) ends with an assistant turn; "
+                "a preference prompt ends with the user's turn, its responses are in the chosen and rejected columns"
+            )
+    return {
+        "messages": messages,
+        "chosen": _response_text(row[chosen_key], where, f"data.chosen_key={chosen_key!r}"),
+        "rejected": _response_text(row[rejected_key], where, f"data.rejected_key={rejected_key!r}"),
+    }
+
+
+def _response_text(value: Any, where: str, setting: str) -> str:
+    """A response given as text, or as a conversation whose last turn is the assistant's."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and isinstance(value[-1], dict) and value[-1].get("role") == "assistant":
+        return str(value[-1]["content"])
+    raise ConfigError(f"{where}: {setting} holds {value!r}, not text or a conversation ending with an assistant turn")
+
+
+def tokenize_pairs(
+    table: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    data: PreferenceDataArguments,
+    max_response_length: int,
+    source: str,
+) -> list[PreferencePair]:
+    """Pairs of `table`'s rows: prompt formatted as configured, both responses tokenised, too-long pairs handled."""
+    encoded = table.map(_encode_pair, fn_kwargs=encode_kwargs(tokenizer, data), desc="tokenizing")
+    kept = length_filtered(encoded, data, max_response_length, source, ["response_ids", "rejected_ids"])
+    return [
+        PreferencePair(
+            chosen=Example(row["prompt"], row["chosen"], DEFAULT_DOMAIN, row["prompt_ids"], row["response_ids"]),
+            rejected=Example(row["prompt"], row["rejected"], DEFAULT_DOMAIN, row["prompt_ids"], row["rejected_ids"]),
+        )
+        for row in kept.to_list()
+    ]
+
+
+def _encode_pair(
+    row: dict[str, Any], tokenizer: PreTrainedTokenizerBase, chat_template: bool, system_prompt: str
+) -> dict[str, Any]:
+    encoded = encode_row({**row, "demonstration": row["chosen"]}, tokenizer, chat_template, system_prompt)
+    return {**encoded, "rejected_ids": response_ids(row["rejected"], tokenizer)}
+
+
+def encode_pairs(pairs: Sequence[PreferencePair], pad_id: int) -> DataProto:
+    """Each pair's chosen row followed by its rejected row (chosen at even rows, rejected at odd ones).
+
+    The layout is `encode_demonstrations`' (prompts left-padded, responses right-padded), so one forward
+    pass over the batch scores both responses of every pair.
+    """
+    return encode_demonstrations([example for pair in pairs for example in (pair.chosen, pair.rejected)], pad_id)
