@@ -7,6 +7,7 @@ reward cluster scores the row).
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,8 +58,10 @@ def read_table(files: str | list[str], source: str) -> datasets.Dataset:
     (builder,) = builders
     if all(_blank(path) for path in paths):
         raise ConfigError(f"{source}: it holds no problems")
+    # CSV has no types: pandas would turn an answer "0.50" into 0.5 and "007" into 7, so every column is text.
+    features = _text_columns(next(p for p in paths if not _blank(p))) if builder == "csv" else None
     try:
-        table = datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train")
+        table = datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train", features=features)
     except Exception as exc:  # datasets and pyarrow raise many types; the user needs the first line
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{source}: cannot read it as {builder} ({reason})") from exc
@@ -72,6 +75,13 @@ def _blank(path: Path) -> bool:
             if chunk.strip():
                 return False
     return True
+
+
+def _text_columns(path: Path) -> datasets.Features:
+    """Every column of the CSV file `path` (named by its header row) as text."""
+    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a BOM (Excel) is not part of the first name
+        header = next(csv.reader(f), [])
+    return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _from_disk(path: Path, source: str) -> datasets.Dataset:
@@ -124,7 +134,9 @@ def to_conversations(table: datasets.Dataset, data: DataArguments, source: str) 
 
 def _is_conversation(feature: Any) -> bool:
     inner = getattr(feature, "feature", None)
-    return isinstance(feature, datasets.List) and isinstance(inner, dict) and {"role", "content"} <= set(inner)
+    # LargeList: parquet written with 64-bit offsets (polars' default) reads as one.
+    is_list = isinstance(feature, (datasets.List, datasets.LargeList))
+    return is_list and isinstance(inner, dict) and {"role", "content"} <= set(inner)
 
 
 def _normalize(
