@@ -87,7 +87,7 @@ class ActorWorker(StrategyWorker):
         """Responses to the prompts in `batch` (`num_return_sequences` per prompt, next to each other).
 
         With `meta_info[WITH_ENGINE_LOG_PROBS]` the rollout also holds `engine_log_probs` `[B, R]`, the
-        engine's own log-prob of each sampled token (engine strategies only: vllm, sglang).
+        engine's own log-prob of each sampled token (strategies with `generate_with_log_probs`: hf_infer, vllm, sglang).
         """
         if not batch.meta_info.get(WITH_ENGINE_LOG_PROBS):
             return self.to_rollout(batch, self.strategy.generate(batch, generating_args), generating_args)
@@ -172,7 +172,7 @@ class ActorWorker(StrategyWorker):
                 token_weights=weights,
             )
             if weights is not None:
-                metrics["tis_weight_mean"] = masked_mean(weights, mask)
+                metrics.update(ppo_losses.tis_metrics(old_log_probs, data["engine_log_probs"], mask, algorithm.tis_cap))
             if algorithm.entropy_coef:
                 entropy = ppo_losses.aggregate_loss(
                     ppo_losses.entropy_from_logits(logits), mask, algorithm.loss_agg_mode, norm_length

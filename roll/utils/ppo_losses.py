@@ -56,6 +56,24 @@ def tis_weights(
     return torch.exp(log_ratio).clamp(max=cap) * response_mask.to(old_log_probs.dtype)
 
 
+def tis_metrics(
+    old_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, response_mask: torch.Tensor, cap: float
+) -> dict[str, torch.Tensor]:
+    """`tis_weights` over the masked-in tokens: their mean, their maximum and the fraction the cap clipped."""
+    mask = response_mask.bool()
+    log_ratio = (old_log_probs - engine_log_probs).detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)[mask]
+    if not len(ratio):
+        zero = torch.zeros((), dtype=old_log_probs.dtype)
+        return {"tis_weight_mean": zero, "tis_weight_max": zero, "tis_clipped_fraction": zero}
+    weights = ratio.clamp(max=cap)
+    return {
+        "tis_weight_mean": weights.mean(),
+        "tis_weight_max": weights.max(),
+        "tis_clipped_fraction": (ratio > cap).to(old_log_probs.dtype).mean(),
+    }
+
+
 def policy_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,

@@ -76,6 +76,19 @@ def test_tis_weights_are_truncated_ratios_of_trainer_to_engine():
     assert weights[0].tolist() == pytest.approx([1.5, math.exp(-1.0), 0.0])
 
 
+def test_tis_metrics_report_mean_max_and_clipped_fraction_of_masked_tokens():
+    """Ratios e^0.5 (clipped to 1.5), e^-1, and e^3 under the mask (ignored): mean, max 1.5, half clipped."""
+    old = torch.tensor([[0.0, -1.0, 3.0]])
+    engine = torch.tensor([[-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    metrics = ppo_losses.tis_metrics(old, engine, mask, cap=1.5)
+    assert metrics["tis_weight_mean"].item() == pytest.approx((1.5 + math.exp(-1.0)) / 2)
+    assert metrics["tis_weight_max"].item() == pytest.approx(1.5)
+    assert metrics["tis_clipped_fraction"].item() == pytest.approx(0.5)
+    empty = ppo_losses.tis_metrics(old, engine, torch.zeros(1, 3), cap=1.5)
+    assert all(value.item() == 0.0 for value in empty.values())
+
+
 def test_tis_weights_scale_the_policy_loss_and_carry_no_gradient():
     """Ratio 1, A = 2: token losses -2 x weights; token-mean (-2 * 1.5 - 2 * e^-1) / 2."""
     old = torch.tensor([[0.0, -1.0]], requires_grad=True)
@@ -116,11 +129,12 @@ def _loss_variant_check(strategy: str, temperature: float = 1.0, **algorithm: ob
 
 
 def test_tis_needs_an_engine_that_returns_its_log_probs():
-    """hf_infer returns no log-probs of its samples; vllm does, but not at the sampling temperature."""
+    """hf_infer and vllm return their samples' log-probs, deepspeed_infer does not; none at the sampling temperature."""
     _loss_variant_check("vllm", tis_cap=2.0)
-    _loss_variant_check("hf_infer")
-    with pytest.raises(ConfigError, match=r"algorithm\.tis_cap.*'hf_infer'.*vllm or sglang"):
-        _loss_variant_check("hf_infer", tis_cap=2.0)
+    _loss_variant_check("hf_infer", tis_cap=2.0)
+    _loss_variant_check("deepspeed_infer")
+    with pytest.raises(ConfigError, match=r"algorithm\.tis_cap.*'deepspeed_infer'.*hf_infer, vllm or sglang"):
+        _loss_variant_check("deepspeed_infer", tis_cap=2.0)
     with pytest.raises(ConfigError, match=r"algorithm\.log_prob_temperature=one"):
         _loss_variant_check("vllm", temperature=0.7, tis_cap=2.0, log_prob_temperature="sampling")
 

@@ -8,6 +8,7 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches
+from roll.distributed.strategy.hf_sampled_log_probs import SampledLogProbs
 from roll.distributed.strategy.micro_batches import token_budget
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
@@ -48,10 +49,30 @@ class HfInferStrategy(InferenceStrategy):
 
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
         """Sampled (or greedy) continuations of the prompts in `batch`."""
+        return self._generate(self.model, batch, generating_args)
+
+    def generate_with_log_probs(
+        self, batch: DataProto, generating_args: GeneratingArguments
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s ids, and the log-prob of each generated token `[B * n, max_new_tokens]`.
+
+        Positions after a sample's end hold the pad tokens' log-probs (0 where the whole micro-batch had
+        stopped); `ActorWorker.generate` masks them with the response mask.
+
+        The log-probs are the model's own, before temperature, top-k and top-p, as vLLM's and SGLang's
+        (see `roll.distributed.strategy.hf_sampled_log_probs`).
+        """
+        recorder = SampledLogProbs(self.model)
+        output = self._generate(recorder, batch, generating_args)
+        return output, recorder.log_probs(generating_args.max_new_tokens)
+
+    def _generate(
+        self, model: torch.nn.Module | SampledLogProbs, batch: DataProto, args: GeneratingArguments
+    ) -> torch.Tensor:
         return generate_in_micro_batches(
-            self.model,
+            model,
             batch,
-            generating_args,
+            args,
             self.worker_config.infer_batch_size,
             self.device,
             model_path=self.worker_config.model_args.model_name_or_path,

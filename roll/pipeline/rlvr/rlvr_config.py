@@ -9,7 +9,6 @@ from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.data_config import DataArguments
 from roll.configs.schema import DOTTED_PATH, ConfigError, Rule, any_value, check, checked_in_validate
 from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
-from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
@@ -79,6 +78,15 @@ class RLVRConfig(PipelineConfig):
     # How actor_infer gets actor_train's weights: "auto" hands them over on shared devices and
     # broadcasts to workers elsewhere; "colocated" or "broadcast" force one route for every worker.
     weight_sync_method: SyncMethod = "auto"
+    # k >= 1 generates the next batch while the current one trains (docs/performance.md, issue 12 item 4).
+    # It is the pipeline's schedule, not the loss: which roles run at the same time, hence on which
+    # devices they must be, is this config's to check; the loss side of it is algorithm.tis_cap.
+    async_generation_ratio: int = field(
+        default=0,
+        metadata=check(
+            ge=0, hint="0 generates and trains in turn; k >= 1 trains on samples at most k policy versions old"
+        ),
+    )
     data: DataArguments = field(default_factory=DataArguments)
     algorithm: AlgorithmArguments = field(default_factory=AlgorithmArguments)
     actor_train: WorkerConfig = field(default_factory=WorkerConfig)
@@ -171,6 +179,7 @@ class RLVRConfig(PipelineConfig):
         if algorithm.needs_reference and self.reference is None:
             raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
         self._check_loss_variants()
+        self._check_async_generation()
         for key, reward in self.rewards.items():
             for dotted in reward.reward_fns:
                 try:
@@ -199,16 +208,52 @@ class RLVRConfig(PipelineConfig):
         if algorithm.tis_cap is None:
             return
         strategy = self.actor_infer.strategy_args.strategy_name if self.actor_infer.strategy_args else None
-        if strategy is None or not issubclass(strategy_class(strategy), EngineStrategy):
+        if strategy is None or not hasattr(strategy_class(strategy), "generate_with_log_probs"):
             raise ConfigError(
                 f"algorithm.tis_cap needs the engine's own log-probs, which actor_infer strategy {strategy!r} does "
-                "not return; use strategy vllm or sglang for actor_infer, or set algorithm.tis_cap to null"
+                "not return; use strategy hf_infer, vllm or sglang for actor_infer, or set algorithm.tis_cap to null"
             )
         if algorithm.log_prob_temperature == "sampling" and generating.temperature != 1.0:
             raise ConfigError(
                 "algorithm.tis_cap compares with the engine's log-probs before temperature, but "
                 f"algorithm.log_prob_temperature=sampling scores at temperature {generating.temperature}; "
                 "set algorithm.log_prob_temperature=one"
+            )
+
+    def trainer_side_roles(self) -> dict[str, WorkerConfig]:
+        """The model roles a run uses besides actor_infer: actor_train, and the reference and critic if needed.
+
+        The algorithm needs the reference for a KL term and the critic for GAE. With
+        async_generation_ratio >= 1 these roles work while actor_infer generates.
+        """
+        roles = {"actor_train": self.actor_train}
+        if self.reference is not None and self.algorithm.needs_reference:
+            roles["reference"] = self.reference
+        if self.critic is not None and self.algorithm.adv_estimator == "gae":
+            roles["critic"] = self.critic
+        return roles
+
+    def _check_async_generation(self) -> None:
+        """Overlapped generation needs actor_infer on devices of its own and the TIS correction."""
+        k = self.async_generation_ratio
+        if not k:
+            return
+        infer, roles = set(self.actor_infer.devices), self.trainer_side_roles()
+        used = {d for role in roles.values() for d in role.devices}
+        for name, role in roles.items():
+            shared = sorted(infer & set(role.devices))
+            if shared:
+                free = sorted(set(range(self.total_devices)) - used)
+                fix = f"e.g. actor_infer.device_mapping={free}" if free else "move them to fewer devices first"
+                raise ConfigError(
+                    f"async_generation_ratio={k} runs actor_infer while {name} works, but both use device(s) {shared}; "
+                    f"set actor_infer.device_mapping to devices that {', '.join(roles)} do not use ({fix}), "
+                    "or async_generation_ratio=0"
+                )
+        if self.algorithm.tis_cap is None:
+            raise ConfigError(
+                f"async_generation_ratio={k} trains on samples of a policy up to {k} version(s) old; set "
+                "algorithm.tis_cap (e.g. 2.0) to weight them by the truncated ratio to the sampling policy"
             )
 
     def _check_inputs(self) -> None:

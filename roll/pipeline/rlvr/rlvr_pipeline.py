@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_prompts, load_splits, make_sampler, pad_token_id
 from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
@@ -21,6 +22,7 @@ from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
 from roll.pipeline.evaluation import greedy_accuracy
 from roll.pipeline.rlvr import phases
+from roll.pipeline.rlvr.async_generation import InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rollout import compute_advantages, consumer_row_multiple, keep_informative_groups
 from roll.utils.kl import AdaptiveKLController, FixedKLController
@@ -67,21 +69,18 @@ class RLVRPipeline(BasePipeline):
             config.weight_sync_bucket_mb * 2**20,
         )
         self.weights_stale = False
+        self.versions = PolicyVersions(config.async_generation_ratio)
+        # With async_generation_ratio >= 1: the next step's generation, running while this step trains.
+        self.in_flight: InFlightRollout | None = None
 
     def _start_roles(self) -> None:
-        names = ["actor_train", "actor_infer", *(r for r in ("reference", "critic") if self._wants(r))]
+        names = ["actor_train", "actor_infer", *(r for r in self.config.trainer_side_roles() if r != "actor_train")]
         names += [f"rewards.{key}" for key in self.config.rewards]
         for name in names:
             self.start_cluster(name)
         # Roles build their models concurrently.
         for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
             future.get()
-
-    def _wants(self, role: str) -> bool:
-        config = self.config
-        if role == "reference":
-            return config.reference is not None and config.algorithm.needs_reference
-        return config.critic is not None and config.algorithm.adv_estimator == "gae"
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -96,6 +95,7 @@ class RLVRPipeline(BasePipeline):
         with self.residency.timed(phases.SYNC_WEIGHTS, metrics):
             metrics.update(self.weight_syncer.sync())
         self.weights_stale = False
+        self.versions.synced()
         return metrics
 
     def score(self, batch: DataProto) -> torch.Tensor:
@@ -118,21 +118,58 @@ class RLVRPipeline(BasePipeline):
         order = torch.argsort(torch.cat(parts))
         return DataProto.concat(results)[order]
 
+    def _generation_request(self, step: int) -> tuple[DataProto, GeneratingArguments]:
+        """The next prompts from the sampler and the sampling arguments of `step` (seeded by it)."""
+        prompts = encode_prompts(self.sampler.next_batch(), self.pad_id)
+        prompts.meta_info[WITH_ENGINE_LOG_PROBS] = self.config.algorithm.tis_cap is not None
+        return prompts, replace(self.config.actor_infer.generating_args, seed=self.config.seed + step)
+
+    def _as_rollout(self, batch: DataProto) -> DataProto:
+        """`batch` as generated, with what the passes and the loss read from `meta_info`."""
+        batch.meta_info[LOG_PROB_TEMPERATURE] = self.log_prob_temperature
+        batch.meta_info[MAX_RESPONSE_LENGTH] = self.config.actor_infer.generating_args.max_new_tokens
+        return batch
+
+    def _launch(self, step: int) -> InFlightRollout:
+        """Start generating `step`'s batch with actor_infer's current weights (non-blocking)."""
+        sampler_state = self.sampler.state_dict()
+        prompts, generating_args = self._generation_request(step)
+        future = self.clusters["actor_infer"].generate(prompts, generating_args, blocking=False)
+        return InFlightRollout(step, future, sampler_state, self.versions.served)
+
+    def _rollout(self, step: int, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
+        """`step`'s generated batch; its weight sync and generation times go to `metrics` and `timings`.
+
+        Synchronous (async_generation_ratio 0): sync, then generate and wait. Overlapped: wait for the
+        batch started during the previous step (`time/generate_s` is then only the wait), sync while
+        actor_infer is idle, and start the next step's batch before this one trains.
+        """
+        if not self.config.async_generation_ratio:
+            metrics.update(self.sync_weights())
+            with self.residency.timed(phases.GENERATE, timings):
+                prompts, generating_args = self._generation_request(step)
+                return self._as_rollout(self.clusters["actor_infer"].generate(prompts, generating_args))
+        if self.in_flight is None:  # the first step, or the first after a resume
+            metrics.update(self.sync_weights())
+            self.in_flight = self._launch(step)
+        with self.residency.timed(phases.GENERATE, timings):
+            batch = self._as_rollout(self.in_flight.result())
+        self.in_flight = None
+        metrics.update(self.sync_weights())
+        if step < self.config.max_steps:
+            self.in_flight = self._launch(step + 1)
+        metrics.update(self.versions.staleness_metrics(batch))
+        return batch
+
     def step(self, step: int) -> dict[str, float]:
         """One RL step through the phases; return its metrics."""
         config, clusters, timed = self.config, self.clusters, self.residency.timed
-        metrics: dict[str, float] = self.sync_weights()
+        metrics: dict[str, float] = {}
         timings: dict[str, float] = {}
-
-        with timed(phases.GENERATE, timings):
-            prompts = encode_prompts(self.sampler.next_batch(), self.pad_id)
-            prompts.meta_info[WITH_ENGINE_LOG_PROBS] = config.algorithm.tis_cap is not None
-            generating_args = replace(config.actor_infer.generating_args, seed=config.seed + step)
-            batch = clusters["actor_infer"].generate(prompts, generating_args)
-            batch.meta_info[LOG_PROB_TEMPERATURE] = self.log_prob_temperature
-            batch.meta_info[MAX_RESPONSE_LENGTH] = generating_args.max_new_tokens
-            n = generating_args.num_return_sequences
-            group_index = group_index_from_repeat(len(prompts), n, interleave=True)
+        batch = self._rollout(step, metrics, timings)
+        generating_args = config.actor_infer.generating_args
+        n = generating_args.num_return_sequences
+        group_index = group_index_from_repeat(len(batch) // n, n, interleave=True)
 
         with timed(phases.REWARDS, timings):
             rewards = self._rewards(batch)
@@ -216,6 +253,7 @@ class RLVRPipeline(BasePipeline):
         with timed(phases.ACTOR_UPDATE, timings):
             for _ in range(config.algorithm.ppo_epochs):
                 metrics.update(_prefixed("actor", clusters["actor_train"].train_step(train_batch, config.algorithm)))
+            self.versions.updated()  # one policy version per RL step, whatever its epochs
             self.weights_stale = True
         return metrics | timings
 
@@ -262,6 +300,8 @@ class RLVRPipeline(BasePipeline):
 
     def evaluate(self) -> float:
         """Greedy held-out accuracy of the current policy (actor_infer with the latest weights)."""
+        if self.in_flight is not None:
+            self.in_flight.result()  # the weight sync needs actor_infer idle
         self.sync_weights()
         self.residency.enter(phases.GENERATE)
         accuracy, _ = greedy_accuracy(
@@ -285,9 +325,11 @@ class RLVRPipeline(BasePipeline):
         for role, phase in self._trained_roles():
             self.residency.enter(phase)
             self.clusters[role].save_checkpoint(str(root / role), tag)
+        # A generation in flight drew its prompts already: a resumed run must draw them again.
+        sampler = self.sampler.state_dict() if self.in_flight is None else self.in_flight.sampler_state
         state = {
             "step": step,
-            "sampler": self.sampler.state_dict(),
+            "sampler": sampler,
             "kl_coef": self.kl_controller.value,
             "val_accuracy_history": history_accuracy,
         }

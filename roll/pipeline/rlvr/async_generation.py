@@ -1,0 +1,75 @@
+"""Generation overlapped with training: policy versions, the rollout in flight, and the staleness bound.
+
+With `async_generation_ratio` k >= 1 the driver starts generating the next batch before it trains
+on the current one, so a batch may have been sampled by a policy some updates older than the one
+it updates. `PolicyVersions` counts the versions (one per actor update) and refuses a batch older
+than k; `InFlightRollout` is the generation call still running, with what resuming needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from roll.distributed.executor.cluster import ClusterFuture
+from roll.distributed.scheduler.protocol import DataProto
+
+# non_tensor_batch key: the policy version (actor updates applied) of the weights that sampled each row.
+POLICY_VERSION = "policy_version"
+
+
+@dataclass
+class PolicyVersions:
+    """Policy versions of actor_train (`trained`: updates applied) and of actor_infer's weights (`served`).
+
+    A batch sampled at version `u` and trained at version `v` is `v - u` versions stale; the bound is
+    `max_staleness` (the config's `async_generation_ratio`).
+    """
+
+    max_staleness: int
+    trained: int = 0
+    served: int = 0
+
+    def updated(self) -> None:
+        """actor_train applied one more update."""
+        self.trained += 1
+
+    def synced(self) -> None:
+        """actor_infer now holds actor_train's weights."""
+        self.served = self.trained
+
+    def staleness_metrics(self, batch: DataProto) -> dict[str, float]:
+        """`rollout/staleness_mean` and `_max` of the rows of `batch` if trained now; raise past the bound."""
+        lag = self.trained - batch.non_tensor_batch[POLICY_VERSION]
+        if len(lag) and lag.max() > self.max_staleness:
+            raise RuntimeError(
+                f"a batch sampled {int(lag.max())} policy versions ago would be trained, beyond "
+                f"async_generation_ratio={self.max_staleness}; the driver's schedule broke its bound"
+            )
+        return {
+            "rollout/staleness_mean": float(lag.mean()) if len(lag) else 0.0,
+            "rollout/staleness_max": float(lag.max()) if len(lag) else 0.0,
+        }
+
+
+@dataclass
+class InFlightRollout:
+    """A generation call for step `step` by the weights of policy `version`, and the sampler's state before its prompts.
+
+    Saving a checkpoint while it runs stores `sampler_state`, so a resumed run draws these prompts again.
+    """
+
+    step: int
+    future: ClusterFuture
+    sampler_state: dict[str, Any]
+    version: int
+    _result: DataProto | None = field(default=None, init=False)
+
+    def result(self) -> DataProto:
+        """The generated batch, every row tagged with `version` under `POLICY_VERSION` (waits for it once)."""
+        if self._result is None:
+            self._result = self.future.get()
+            self._result.non_tensor_batch[POLICY_VERSION] = np.full(len(self._result), self.version, dtype=np.int64)
+        return self._result
