@@ -6,7 +6,7 @@ Each has a verdict in VERDICTS: `Run` with the command the test runs (the README
 form of it: fewer steps, `dry_run=true`, `--help`, `--collect-only`) or `Skip` with the reason it
 cannot run on this machine. A command added to the README without a verdict fails
 tests/unit/test_readme_commands.py; tests/integration/test_readme.py runs the `Run` ones in order,
-in a fresh copy of the repository.
+in a fresh copy of the repository, the standalone ones in a second lane beside the others.
 """
 
 from __future__ import annotations
@@ -86,33 +86,34 @@ COLLECT = "--collect-only -q"  # lint, then collect the chosen tests: the comman
 
 VERDICTS: dict[str, Run | Skip] = {
     "bash scripts/run.sh": Run(f"bash scripts/run.sh {QUICK_RUN}"),
-    "bash scripts/test.sh": Run(f"bash scripts/test.sh {COLLECT}"),
+    "bash scripts/test.sh": Run(f"bash scripts/test.sh {COLLECT}", standalone=True),
     "source .venv/bin/activate": Run("source .venv/bin/activate"),
-    "roll-env": Run("roll-env"),
+    "roll-env": Run("roll-env", standalone=True),
     "tensorboard --logdir output/rlvr/logs/tensorboard": Run(
         "tensorboard --logdir output/rlvr/logs/tensorboard --inspect | grep actor/loss > /dev/null"
     ),
     "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo": Run(
-        "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo dry_run=true"
+        "bash scripts/run.sh max_steps=300 algorithm.adv_estimator=rloo dry_run=true", standalone=True
     ),
     "bash scripts/run.sh sft.max_steps=100 sft.skip_if_exported=false seed=7": Run(
-        "bash scripts/run.sh sft.max_steps=100 sft.skip_if_exported=false seed=7 sft.dry_run=true dry_run=true"
+        "bash scripts/run.sh sft.max_steps=100 sft.skip_if_exported=false seed=7 sft.dry_run=true dry_run=true",
+        standalone=True,
     ),
-    "roll-rlvr max_steps=50": Run("roll-rlvr max_steps=50 dry_run=true"),
-    "roll-rlvr -m seed=1,2 max_steps=50": Run("roll-rlvr -m seed=1,2 max_steps=50 dry_run=true"),
-    "bash scripts/test.sh tests/unit": Run(f"bash scripts/test.sh tests/unit {COLLECT}"),
-    "bash scripts/test.sh tests/integration": Run(f"bash scripts/test.sh tests/integration {COLLECT}"),
-    'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}'),
+    "roll-rlvr max_steps=50": Run("roll-rlvr max_steps=50 dry_run=true", standalone=True),
+    "roll-rlvr -m seed=1,2 max_steps=50": Run("roll-rlvr -m seed=1,2 max_steps=50 dry_run=true", standalone=True),
+    "bash scripts/test.sh tests/unit": Run(f"bash scripts/test.sh tests/unit {COLLECT}", standalone=True),
+    "bash scripts/test.sh tests/integration": Run(f"bash scripts/test.sh tests/integration {COLLECT}", standalone=True),
+    'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}', standalone=True),
     "roll-cluster-check": Run("roll-cluster-check rounds=1"),
-    "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true"),
+    "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true", standalone=True),
     "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
     "roll-sft --config-name sft_gsm8k_format": Run("roll-sft --config-name sft_gsm8k_format max_steps=2 eval_steps=2"),
     "roll-rlvr --config-name rlvr_gsm8k_format": Run(
         "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
     ),
     "pip install wandb": Skip("installs a tracker from the network; tests/unit/test_trackers.py covers the adapters"),
-    GPU_RECIPE_DRY_RUN: Run(GPU_RECIPE_DRY_RUN),
-    VLLM_RUN: Run(f"{VLLM_RUN} dry_run=true"),
+    GPU_RECIPE_DRY_RUN: Run(GPU_RECIPE_DRY_RUN, standalone=True),
+    VLLM_RUN: Run(f"{VLLM_RUN} dry_run=true", standalone=True),
     "export RAY_AUTH_MODE=token": Run("export RAY_AUTH_MODE=token"),
     "RAY_ADDRESS=<head-ip>:6379 roll-rlvr num_nodes=2 devices_per_node=8": Skip(CLUSTER),
     "RAY_ADDRESS=<head-ip>:6379 roll-cluster-check num_nodes=2 devices_per_node=1 actor_train.device_mapping=0-1 "
@@ -124,13 +125,15 @@ VERDICTS: dict[str, Run | Skip] = {
         f"{GPU_INSTALL}; run here it would point this environment's editable install at the test's copy"
     ),
     "source scripts/cpu_env.sh": Run("source scripts/cpu_env.sh"),
-    "python benchmarks/zero_memory.py --help": Run("python benchmarks/zero_memory.py --help"),
-    "python examples/start_rlvr_pipeline.py": Run("python examples/start_rlvr_pipeline.py dry_run=true"),
+    "python benchmarks/zero_memory.py --help": Run("python benchmarks/zero_memory.py --help", standalone=True),
+    "python examples/start_rlvr_pipeline.py": Run(
+        "python examples/start_rlvr_pipeline.py dry_run=true", standalone=True
+    ),
     "ray start --head": Skip(CLUSTER),
     "ray start --address=<head>:6379": Skip(CLUSTER),
     "ray job submit": Skip(CLUSTER),
     **{
-        f"python benchmarks/{name}.py": Run(f"python benchmarks/{name}.py --help")
+        f"python benchmarks/{name}.py": Run(f"python benchmarks/{name}.py --help", standalone=True)
         for name in (
             "zero_memory",
             "memory_estimate",
@@ -140,5 +143,7 @@ VERDICTS: dict[str, Run | Skip] = {
             "rlvr_step_breakdown",
         )
     },
-    "python benchmarks/compare_trl.py --model small|medium": Run("python benchmarks/compare_trl.py --help"),
+    "python benchmarks/compare_trl.py --model small|medium": Run(
+        "python benchmarks/compare_trl.py --help", standalone=True
+    ),
 }
