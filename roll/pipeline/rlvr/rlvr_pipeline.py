@@ -377,7 +377,9 @@ class RLVRPipeline(BasePipeline):
                 accuracies.append(self.evaluate())
                 metrics["val/accuracy"] = accuracies[-1]
             metrics["time/step_s"] = time.perf_counter() - started
-            metrics.update(self._overhead(metrics["time/step_s"]))
+            if not config.async_generation_ratio:
+                # Overlapped roles do not add up, and asking actor_infer would wait for its batch in flight.
+                metrics.update(self._overhead(metrics["time/step_s"]))
             tracker.log(metrics, step)
             progress.set_postfix(
                 step_s=f"{metrics['time/step_s']:.1f}",
