@@ -2,8 +2,9 @@
 
 None of their packages is a dependency of roll: each is imported when a run asks for it, and the
 config check names the missing package beforehand. Offline use is each package's own setting
-(`WANDB_MODE=offline`, `SWANLAB_MODE=local`; MLflow writes to `<log_dir>/mlruns` unless
-`MLFLOW_TRACKING_URI` says otherwise). The project name comes from `WANDB_PROJECT`,
+(`WANDB_MODE=offline`, `SWANLAB_MODE=offline`; MLflow writes to `<log_dir>/mlflow.db` unless
+`MLFLOW_TRACKING_URI` says otherwise). docs/trackers.md says what each stores and how it was checked
+against the real packages. The project name comes from `WANDB_PROJECT`,
 `SWANLAB_PROJECT` or `MLFLOW_EXPERIMENT_NAME`, else "roll".
 """
 
@@ -92,14 +93,21 @@ class SwanlabTracker:
 
 
 class MlflowTracker:
-    """An MLflow run, in `<log_dir>/mlruns` unless MLFLOW_TRACKING_URI names a server."""
+    """An MLflow run; without MLFLOW_TRACKING_URI, in the SQLite store `<log_dir>/mlflow.db` with its artifacts
+    in `<log_dir>/mlartifacts` (MLflow 3 refuses its older `mlruns` file store unless MLFLOW_ALLOW_FILE_STORE)."""
 
     def __init__(self, log_dir: Path, run_name: str, config: dict[str, Any]) -> None:
         self.mlflow = importlib.import_module("mlflow")
+        experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME", "roll")
         if "MLFLOW_TRACKING_URI" not in os.environ:
-            self.mlflow.set_tracking_uri((log_dir / "mlruns").resolve().as_uri())
-        self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "roll"))
+            self.mlflow.set_tracking_uri(f"sqlite:///{(log_dir / 'mlflow.db').resolve()}")
+            # Created here because a new experiment's artifacts would otherwise go to ./mlruns under the cwd.
+            if self.mlflow.get_experiment_by_name(experiment) is None:
+                artifacts = (log_dir / "mlartifacts").resolve().as_uri()
+                self.mlflow.create_experiment(experiment, artifact_location=artifacts)
+        self.mlflow.set_experiment(experiment)
         self.mlflow.start_run(run_name=run_name)
+        self.mlflow.log_params(mlflow_params(config))
         self.mlflow.log_dict(config, "config.json")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -114,6 +122,22 @@ class MlflowTracker:
     def close(self) -> None:
         """End the run."""
         self.mlflow.end_run()
+
+
+# MLflow refuses a param value longer than this; the whole config is in the run's config.json artifact anyway.
+MLFLOW_PARAM_LENGTH = 6000
+
+
+def mlflow_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """`config` as MLflow params (searchable and compared across runs): nested keys joined by dots, values as
+    text, cut to MLflow's limit."""
+    params: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            params.update(mlflow_params(value, f"{prefix}{key}."))
+        else:
+            params[f"{prefix}{key}"] = str(value)[:MLFLOW_PARAM_LENGTH]
+    return params
 
 
 ADAPTERS: dict[str, type] = {"wandb": WandbTracker, "swanlab": SwanlabTracker, "mlflow": MlflowTracker}

@@ -1,7 +1,8 @@
 """External trackers: the config check names a missing package, and MetricsTracker feeds every adapter.
 
-wandb, swanlab and mlflow are not installed here: fake modules in sys.modules record what each
-adapter calls, in the shape of the packages' own APIs.
+wandb, swanlab and mlflow are not dependencies of roll: fake modules in sys.modules record what each
+adapter calls, in the shape of the packages' own APIs (checked against the real packages by hand, as
+docs/trackers.md records).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from roll.configs.schema import ConfigError
+from roll.utils.trackers import MLFLOW_PARAM_LENGTH, mlflow_params
 from roll.utils.tracking import MetricsTracker
 from tests.unit.test_config_validation import rlvr
 
@@ -58,8 +60,11 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[Any, ...]]]:
         "mlflow": fake_module(
             "mlflow",
             set_tracking_uri=lambda uri: m.append(("uri", uri)),
+            get_experiment_by_name=lambda name: None,
+            create_experiment=lambda name, artifact_location: m.append(("create", name, artifact_location)),
             set_experiment=lambda name: m.append(("experiment", name)),
             start_run=lambda run_name: m.append(("start", run_name)),
+            log_params=lambda params: m.append(("params", params)),
             log_dict=lambda data, path: m.append(("dict", data, path)),
             log_metrics=lambda data, step: m.append(("log", data, step)),
             log_table=lambda data, artifact_file: m.append(("table", data, artifact_file)),
@@ -73,7 +78,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def test_every_tracker_gets_config_metrics_samples_and_close(fakes: dict, tmp_path: Path) -> None:
-    config = {"exp_name": "demo", "algorithm": {"adv_estimator": "grpo"}}
+    config = {"exp_name": "demo", "algorithm": {"adv_estimator": "grpo"}, "data": {"domain_weights": {}}}
     tracker = MetricsTracker(
         str(tmp_path / "logs"), trackers=["tensorboard", "wandb", "swanlab", "mlflow"], run_name="demo", config=config
     )
@@ -91,9 +96,13 @@ def test_every_tracker_gets_config_metrics_samples_and_close(fakes: dict, tmp_pa
     assert s[1] == ("log", {"rollout/score_mean": 0.5}, 1)
     assert json.loads(s[2][1]["samples"][0][1]) == {"prompt": "1+1=", "response": "2", "answer": "2", "score": 1.0}
     assert s[3] == ("finish",)
-    assert m[0] == ("uri", (tmp_path / "logs" / "mlruns").resolve().as_uri())  # offline: a local store
+    # Offline: a local SQLite store (MLflow 3 refuses its file store) with the artifacts beside it, not in the cwd.
+    assert m[0] == ("uri", f"sqlite:///{(tmp_path / 'logs' / 'mlflow.db').resolve()}")
+    assert m[1] == ("create", "roll", (tmp_path / "logs" / "mlartifacts").resolve().as_uri())
     assert m[2:] == [
+        ("experiment", "roll"),
         ("start", "demo"),
+        ("params", {"exp_name": "demo", "algorithm.adv_estimator": "grpo", "data.domain_weights": "{}"}),
         ("dict", config, "config.json"),
         ("log", {"rollout/score_mean": 0.5}, 1),
         ("table", {"prompt": ["1+1="], "response": ["2"], "answer": ["2"], "score": [1.0]}, "samples/step_1.json"),
@@ -115,3 +124,13 @@ def test_tracker_names_and_missing_packages_are_config_errors(fakes: dict, monke
         "tracker=swanlab needs the swanlab package, which is not installed: pip install swanlab "
         "(or remove swanlab from tracker)"
     )
+
+
+def test_mlflow_params_are_the_flattened_config_cut_to_mlflows_limit() -> None:
+    long_prompt = "x" * (MLFLOW_PARAM_LENGTH + 1)
+    config = {"seed": 1, "data": {"system_prompt": long_prompt, "train_file": ["a.jsonl", "b.jsonl"]}}
+    assert mlflow_params(config) == {
+        "seed": "1",
+        "data.system_prompt": long_prompt[:MLFLOW_PARAM_LENGTH],
+        "data.train_file": "['a.jsonl', 'b.jsonl']",
+    }
