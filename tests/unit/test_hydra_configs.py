@@ -15,6 +15,7 @@ from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.datasets.gsm8k_format import write_gsm8k_format
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.sft.sft_config import SFTConfig
 from tests.conftest import CONFIG_DIR, REPO_ROOT
@@ -35,8 +36,9 @@ PIPELINE_SCHEMAS = {
     "rlvr_qwen2.5_0.5b_8gpu": RLVRConfig,
     "sft_gsm8k_format": SFTConfig,
     "rlvr_gsm8k_format": RLVRConfig,
+    "dpo_arithmetic": DPOConfig,
 }
-SCHEMA_NODES = {"cluster_check": ClusterCheckConfig, "sft": SFTConfig, "rlvr": RLVRConfig}
+SCHEMA_NODES = {"cluster_check": ClusterCheckConfig, "sft": SFTConfig, "rlvr": RLVRConfig, "dpo": DPOConfig}
 
 
 def compose_config(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> DictConfig:
@@ -81,7 +83,8 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     command of scripts/run.sh) or a downloaded model and data.
     """
     if "gsm8k" not in name and "gpu" not in name:
-        return ["devices_per_node=2", "pretrain=tiny://qwen2"] if name.startswith("rlvr") else ["devices_per_node=2"]
+        from_export = name.startswith(("rlvr", "dpo"))  # their YAML starts from the SFT export
+        return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]
     paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
     files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]
     if "gpu" in name:

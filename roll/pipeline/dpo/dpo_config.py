@@ -11,6 +11,7 @@ from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import arithmetic_problems
 from roll.distributed.strategy.registry import strategy_class
 from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
 from roll.pipeline.checkpoint_state import load_driver_state
 from roll.utils.dpo_losses import PreferenceLossType
@@ -77,6 +78,7 @@ class DPOConfig(PipelineConfig):
 
     def validate(self) -> None:
         """Roles, that a step is whole pairs in every micro-batch, the loss options, then models, data, resume."""
+        self._check_pretrain()
         super().validate()
         train = self.actor_train
         strategy = train.strategy_args.strategy_name if train.strategy_args else None
@@ -121,6 +123,15 @@ class DPOConfig(PipelineConfig):
         )
         self._check_data()
         self._check_resume()
+
+    def _check_pretrain(self) -> None:
+        """A missing `pretrain` directory is most often the SFT export not written yet: say how to write it."""
+        path = self.pretrain
+        if path and not path.startswith(TINY_SCHEME) and not Path(path).is_dir():
+            raise ConfigError(
+                f"pretrain={path!r} does not exist: DPO starts from a fine-tuned model; write the SFT export first "
+                "(`roll-sft` writes <output_dir>/sft/model) or set pretrain to a model directory"
+            )
 
     def _check_data(self) -> None:
         """The pair files read, map onto the columns and fit the lengths; training holds one batch of pairs."""
