@@ -146,4 +146,13 @@ VERDICTS: dict[str, Run | Skip] = {
     "python benchmarks/compare_trl.py --model small|medium": Run(
         "python benchmarks/compare_trl.py --help", standalone=True
     ),
+    # The main job wrote the SFT export: roll-sft reuses it and roll-dpo starts from it (its dry runs check it exists).
+    "roll-sft": Run("roll-sft max_steps=2 eval_steps=2"),
+    "roll-dpo": Run("roll-dpo max_steps=1 eval_steps=1 eval_batch_size=16"),
+    "roll-dpo loss.loss_type=ipo max_steps=100": Run(
+        "roll-dpo loss.loss_type=ipo max_steps=100 dry_run=true", standalone=True
+    ),
+    "roll-dpo 'actor_train.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
+        "roll-dpo 'actor_train.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
+    ),
 }

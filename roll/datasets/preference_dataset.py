@@ -16,17 +16,17 @@ from transformers import PreTrainedTokenizerBase
 
 from roll.configs.data_config import DEFAULT_DOMAIN, PreferenceDataArguments
 from roll.configs.schema import ConfigError
-from roll.datasets.arithmetic import arithmetic_problems, wrong_answers
+from roll.datasets.arithmetic import wrong_answers
 from roll.datasets.prompt_dataset import (
-    BUILT_IN,
     Example,
     encode_demonstrations,
     encode_kwargs,
     encode_row,
     length_filtered,
     response_ids,
+    split_tables,
 )
-from roll.datasets.sources import quiet_progress, read_table, split_conversation
+from roll.datasets.sources import quiet_progress, split_conversation
 from roll.distributed.scheduler.protocol import DataProto
 
 
@@ -45,25 +45,14 @@ def load_preference_splits(
 
     Pairs whose prompt or either response is too long are dropped or refused as `data.too_long` says.
     """
-    if bool(data.train_file) != bool(data.eval_file):
-        given, missing = ("train_file", "eval_file") if data.train_file else ("eval_file", "train_file")
-        raise ConfigError(
-            f"data.{missing} is empty but data.{given} is set: give both, or neither for the built-in arithmetic pairs"
-        )
     with quiet_progress():
-        if data.train_file:
-            sources = [f"data.{key}={getattr(data, key)!r}" for key in ("train_file", "eval_file")]
-            tables = [
-                to_preference_rows(read_table(files, source), data, source)
-                for files, source in zip((data.train_file, data.eval_file), sources, strict=True)
-            ]
-        else:
-            sources = [f"{BUILT_IN} ({split})" for split in ("train", "held out")]
-            splits = arithmetic_problems(seed=data.task_seed)
-            tables = [arithmetic_preference_table(split, data.task_seed) for split in splits]
+        tables = split_tables(
+            data,
+            lambda table, source: to_preference_rows(table, data, source),
+            lambda problems: arithmetic_preference_table(problems, data.task_seed),
+        )
         train, held_out = (
-            tokenize_pairs(table, tokenizer, data, max_response_length, source)
-            for table, source in zip(tables, sources, strict=True)
+            tokenize_pairs(table, tokenizer, data, max_response_length, source) for table, source in tables
         )
         return train, held_out
 

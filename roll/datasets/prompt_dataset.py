@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,26 +47,30 @@ def load_splits(
     Rows too long for `data.max_prompt_length` (or, when given, `max_response_length`) are dropped
     or refused as `data.too_long` says.
     """
+    with quiet_progress():
+        tables = split_tables(data, lambda table, source: to_conversations(table, data, source), problems_table)
+        train, held_out = (tokenize(table, tokenizer, data, max_response_length, source) for table, source in tables)
+        return train, held_out
+
+
+def split_tables(
+    data: SourceArguments,
+    from_file: Callable[[datasets.Dataset, str], datasets.Dataset],
+    built_in: Callable[[list[Problem]], datasets.Dataset],
+) -> list[tuple[datasets.Dataset, str]]:
+    """(table, source) of the train and held-out splits: `data.train_file` / `data.eval_file` read and mapped by
+    `from_file`, else the built-in arithmetic task's splits made into tables by `built_in`."""
     if bool(data.train_file) != bool(data.eval_file):
         given, missing = ("train_file", "eval_file") if data.train_file else ("eval_file", "train_file")
         raise ConfigError(
             f"data.{missing} is empty but data.{given} is set: give both, or neither for the built-in arithmetic task"
         )
-    with quiet_progress():
-        if data.train_file:
-            sources = [f"data.{key}={getattr(data, key)!r}" for key in ("train_file", "eval_file")]
-            tables = [
-                to_conversations(read_table(files, source), data, source)
-                for files, source in zip((data.train_file, data.eval_file), sources, strict=True)
-            ]
-        else:
-            sources = [f"{BUILT_IN} ({split})" for split in ("train", "held out")]
-            tables = [problems_table(split) for split in arithmetic_problems(seed=data.task_seed)]
-        train, held_out = (
-            tokenize(table, tokenizer, data, max_response_length, source)
-            for table, source in zip(tables, sources, strict=True)
-        )
-        return train, held_out
+    if data.train_file:
+        sources = [f"data.{key}={getattr(data, key)!r}" for key in ("train_file", "eval_file")]
+        files = (data.train_file, data.eval_file)
+        return [(from_file(read_table(f, source), source), source) for f, source in zip(files, sources, strict=True)]
+    splits = zip(arithmetic_problems(seed=data.task_seed), ("train", "held out"), strict=True)
+    return [(built_in(problems), f"{BUILT_IN} ({name})") for problems, name in splits]
 
 
 def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:

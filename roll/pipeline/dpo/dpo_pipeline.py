@@ -8,7 +8,6 @@ before -> after; the trained policy is exported as a Hugging Face directory.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -24,8 +23,9 @@ from roll.pipeline import checkpoint_state
 from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr import phases
+from roll.pipeline.run_tracking import open_run_tracker
 from roll.utils.dpo_losses import LENGTH_AVERAGED, ranking_accuracy, sequence_log_probs
-from roll.utils.tracking import MetricsTracker, show_progress
+from roll.utils.tracking import show_progress
 
 # The policy scoring held-out pairs: only actor_train's states need to be resident.
 EVAL_LOG_PROBS = phases.Phase("eval_log_probs", frozenset({"actor_train"}))
@@ -111,16 +111,8 @@ class DPOPipeline(BasePipeline):
         if config.resume_from_checkpoint:
             state = self.resume()
             start_step, history = state["step"], state["val_history"]
-        tracker = MetricsTracker(
-            str(self.run_dir / "logs"),
-            resume_history=bool(config.resume_from_checkpoint),
-            trackers=config.trackers,
-            run_name=config.exp_name,
-            config=dataclasses.asdict(config),
-        )
-        if start_step:
-            tracker.truncate(start_step)
-        else:
+        tracker = open_run_tracker(config, start_step)
+        if not start_step:
             history.append(self.evaluate())
             tracker.log(history[-1], 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc="dpo")

@@ -1,0 +1,81 @@
+"""The DPO pipeline end to end on the real stack: Ray, DeepSpeed ZeRO-2 policy, hf_infer reference, HF export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from roll.configs.hydra_defaults import register_schema_defaults
+from roll.configs.loader import load_pipeline_config, yaml_names
+from roll.pipeline.dpo.dpo_config import DPOConfig
+from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
+from tests.conftest import CONFIG_DIR
+
+pytestmark = pytest.mark.slow
+
+# Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs.
+FAST = [
+    "pretrain=tiny://qwen2",
+    "batch_size=8",
+    "eval_batch_size=16",
+    "max_steps=2",
+    "eval_steps=2",
+    "save_steps=1",
+    "actor_train.training_args.per_device_train_batch_size=8",
+    "actor_train.training_args.warmup_steps=0",
+    "devices_per_node=2",
+    "platform=cpu",
+]
+
+
+def make_config(output: Path, *overrides: str) -> DPOConfig:
+    register_schema_defaults("dpo", DPOConfig)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("dpo_arithmetic", overrides=[*FAST, f"output_dir={output}", *overrides])
+    return load_pipeline_config(cfg, DPOConfig, yaml_names([CONFIG_DIR]))
+
+
+def run(config: DPOConfig) -> tuple[dict, list[dict]]:
+    pipeline = DPOPipeline(config)
+    try:
+        summary = pipeline.run()
+    finally:
+        pipeline.shutdown()
+    log_file = Path(config.run_dir) / "logs" / "metrics.jsonl"
+    return summary, [json.loads(line) for line in log_file.read_text().splitlines()]
+
+
+def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, tmp_path: Path) -> None:
+    summary, rows = run(make_config(tmp_path))
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    first_step = rows[1]
+    for key in ("actor/loss", "actor/rewards/chosen", "actor/rewards/rejected", "actor/rewards/accuracy"):
+        assert key in first_step, key
+    # Step 1 starts from the reference's weights: every implicit reward is 0 and the loss is log 2.
+    assert first_step["actor/loss"] == pytest.approx(0.6931, abs=1e-3)
+    assert abs(first_step["actor/rewards/margin"]) < 1e-4
+    # The reference shares the policy's devices: it is offloaded while the policy updates.
+    assert first_step["phase/actor_update/bytes_moved"] > 0
+    assert rows[2]["actor/rewards/margin"] != 0 and 0 <= rows[2]["val/preference_accuracy"] <= 1
+    assert rows[0]["val/preference_accuracy"] == pytest.approx(0.5, abs=0.1)  # policy = reference: ties count half
+    assert summary["val_preference_accuracy_after"] == rows[2]["val/preference_accuracy"]
+
+    run_dir = tmp_path / "dpo"
+    for step in (1, 2):
+        assert (run_dir / "checkpoints" / f"step_{step}" / "driver_state.json").is_file()
+    assert list((run_dir / "logs" / "tensorboard").glob("events.out.tfevents.*"))
+    export = run_dir / "model"
+    model = AutoModelForCausalLM.from_pretrained(export)
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    ids = tokenizer("1+2=", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()
+
+    # Resuming from step 1 replays step 2 from the same weights, optimizer state and data position.
+    _, resumed = run(make_config(tmp_path, "resume_from_checkpoint=step_1"))
+    assert [row["step"] for row in resumed] == [0, 1, 2]
+    assert resumed[2]["actor/loss"] == pytest.approx(rows[2]["actor/loss"], rel=1e-4)
