@@ -47,26 +47,41 @@ def run(config: RLVRConfig) -> list[dict]:
     return [json.loads(line) for line in log_file.read_text().splitlines()]
 
 
+# Four steps, a checkpoint every two, with a reward that varies even for an untrained model (non-zero losses).
+FOUR_STEPS = (
+    "max_steps=4",
+    "eval_steps=4",
+    "save_steps=2",
+    "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+)
+
+
+@pytest.fixture(scope="module")
+def four_steps(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """A FOUR_STEPS run (shared by the tests below): its output directory and its metrics rows."""
+    output = tmp_path_factory.mktemp("four_steps")
+    return output, run(make_config(output, *FOUR_STEPS))
+
+
 def test_run_logs_metrics_plots_and_checkpoints_and_resumes_with_the_same_metrics(
-    ray_session: None, tmp_path: Path
+    four_steps: tuple[Path, list[dict]],
 ) -> None:
-    common = ("max_steps=4", "eval_steps=4", "save_steps=2")
-    uninterrupted = run(make_config(tmp_path, *common))
+    output, uninterrupted = four_steps
     assert [row["step"] for row in uninterrupted] == [0, 1, 2, 3, 4]
     for key in ("rollout/score_mean", "actor/loss", "actor/kl", "actor/grad_norm", "time/generate_s"):
         assert key in uninterrupted[2], key
     assert uninterrupted[2]["sync/colocated_bytes"] > 0 and uninterrupted[2]["sync/broadcast_bytes"] == 0
     assert uninterrupted[4]["val/accuracy"] >= 0 and uninterrupted[1]["rollout/response_length_mean"] > 0
-    logs = tmp_path / "rlvr" / "logs"
+    logs = output / "rlvr" / "logs"
     assert list((logs / "tensorboard").glob("events.out.tfevents.*"))
     assert {p.name for p in logs.glob("*.png")} >= {"reward.png", "accuracy.png", "kl.png", "response_length.png"}
     for step in (2, 4):
-        assert (tmp_path / "rlvr" / "checkpoints" / f"step_{step}" / "driver_state.json").is_file()
-    summary = json.loads((tmp_path / "rlvr" / "summary.json").read_text())
+        assert (output / "rlvr" / "checkpoints" / f"step_{step}" / "driver_state.json").is_file()
+    summary = json.loads((output / "rlvr" / "summary.json").read_text())
     assert set(summary) == {"val_accuracy_before", "val_accuracy_after"}
 
     # The same run again from its step-2 checkpoint: steps 3 and 4 are recomputed after a restart.
-    resumed = run(make_config(tmp_path, *common, "resume_from_checkpoint=step_2"))
+    resumed = run(make_config(output, *FOUR_STEPS, "resume_from_checkpoint=step_2"))
     keys = ("rollout/score_mean", "rollout/response_length_mean", "actor/loss", "actor/kl", "actor/grad_norm")
     assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted]
     for expected, actual in zip(uninterrupted[3:], resumed[3:], strict=True):
@@ -74,10 +89,38 @@ def test_run_logs_metrics_plots_and_checkpoints_and_resumes_with_the_same_metric
             assert actual[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), (expected["step"], key)
 
 
+def test_one_optimizer_step_takes_old_log_probs_from_the_update(
+    four_steps: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    """FAST's rollout is one optimizer step of one epoch: no separate old log-probs pass, the same update.
+
+    Against `old_log_probs_pass=always` with the reference on a device of its own (its pass and actor_train's
+    then run at the same time), the first step, on the same samples, has the same loss and gradient norm.
+    """
+    _, skipped = four_steps
+    separate = run(
+        make_config(
+            tmp_path,
+            *FOUR_STEPS,
+            "max_steps=1",
+            "devices_per_node=3",
+            "reference.device_mapping=2",
+            "algorithm.old_log_probs_pass=always",
+        )
+    )
+    for row in skipped[1:]:
+        assert "time/old_log_probs_s" not in row and "time/reference_log_probs_s" in row
+        assert row["actor/ratio_mean"] == pytest.approx(1.0) and row["actor/clipfrac"] == 0.0
+        assert row["actor/kl"] >= 0 and row["actor/kl_coef"] == 0.0 and row["actor/grad_norm"] > 0
+    assert "time/reference_and_old_log_probs_s" in separate[1] and "time/old_log_probs_s" not in separate[1]
+    for key in ("rollout/score_mean", "actor/loss", "actor/grad_norm", "actor/kl", "actor/kl_loss"):
+        assert skipped[1][key] == pytest.approx(separate[1][key], rel=1e-5, abs=1e-7), key
+
+
 def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session: None, tmp_path: Path) -> None:
     config = make_config(
         tmp_path,
-        "max_steps=2",
+        "max_steps=1",
         "eval_steps=100",
         "eval_batch_size=8",
         "rewards.math.reward_fn=tests.reward_functions.flaky_reward",
@@ -85,7 +128,7 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
     )
     rows = run(config)
     failed = sum(row.get("rollout/reward_failed", 0) for row in rows)
-    assert [row["step"] for row in rows][-1] == 2
+    assert [row["step"] for row in rows][-1] == 1
     assert failed > 0  # samples whose answers end in 3 or 7 scored 0 and were counted
 
 
@@ -153,36 +196,3 @@ def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_grou
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert rows[2]["sync/broadcast_bytes"] > 0 and rows[2]["sync/colocated_bytes"] == 0
     assert rows[2]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0
-
-
-def test_one_optimizer_step_takes_old_log_probs_from_the_update(ray_session: None, tmp_path: Path) -> None:
-    """FAST's rollout is one optimizer step of one epoch: no separate old log-probs pass, the same update.
-
-    Against `old_log_probs_pass=always` with the reference on a device of its own (its pass and actor_train's
-    then run at the same time), the first step, on the same samples, has the same loss and gradient norm.
-    """
-    common = (
-        "max_steps=2",
-        "eval_steps=100",
-        "eval_batch_size=4",
-        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
-    )
-    skipped = run(make_config(tmp_path / "auto", *common))
-    separate = run(
-        make_config(
-            tmp_path / "always",
-            *common,
-            "devices_per_node=3",
-            "reference.device_mapping=2",
-            "algorithm.old_log_probs_pass=always",
-        )
-    )
-    assert [row["step"] for row in skipped] == [0, 1, 2]
-    for row in skipped[1:]:
-        assert "time/old_log_probs_s" not in row and "time/reference_log_probs_s" in row
-        assert row["actor/ratio_mean"] == pytest.approx(1.0) and row["actor/clipfrac"] == 0.0
-        assert row["actor/kl"] >= 0 and row["actor/kl_coef"] == 0.0 and row["actor/grad_norm"] > 0
-    for row in separate[1:]:
-        assert "time/reference_and_old_log_probs_s" in row and "time/old_log_probs_s" not in row
-    for key in ("rollout/score_mean", "actor/loss", "actor/grad_norm", "actor/kl", "actor/kl_loss"):
-        assert skipped[1][key] == pytest.approx(separate[1][key], rel=1e-5, abs=1e-7), key
