@@ -10,10 +10,13 @@ DeepSpeed ZeRO-2, `hf_infer` generating and scoring the reference. Step times ar
 steps (roll's last step, which also evaluates, is left out).
 
     python benchmarks/compare_trl.py [--model small|medium] [--steps 6] [--warmup 2]
-        [--ablate OVERRIDE ...] [--write-docs] [roll overrides ...]
+        [--ablate "OVERRIDE ..."] [--no-trl] [--write-docs] [roll overrides ...]
 
 `--ablate algorithm.old_log_probs_pass=always` runs roll once more with that override, right after the
-first roll run, for the ablation table. `--write-docs` rewrites this model's rows of docs/performance.md.
+first roll run, for the ablation table; one `--ablate` may hold several overrides, split like a shell
+command line (`--ablate "devices_per_node=1 cpus_per_device=2 ..."`), and the flag repeats for several
+ablations. `--no-trl` runs only roll and its ablations (no comparison row). `--write-docs` rewrites this
+model's rows of docs/performance.md.
 TRL (requirements_bench.txt) is installed into this environment on first use, with every
 installed package held at its version.
 """
@@ -24,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -348,8 +352,16 @@ def table_row(model: str, trl_threads: int, params: int, trl: Run, roll: Run, co
     )
 
 
+def ablation_overrides(ablation: str) -> list[str]:
+    """The roll overrides of one `--ablate` value, split like a shell command line; raise on an empty one."""
+    overrides = shlex.split(ablation)
+    if not overrides:
+        raise SystemExit(f"--ablate {ablation!r} holds no override")
+    return overrides
+
+
 def ablation_row(model: str, override: str, base: Run, ablated: Run, command: str) -> str:
-    """The ablation table's row of `override` (the optimisation turned off) on `model`."""
+    """The ablation table's row of `override` (one `--ablate` value: the optimisation turned off) on `model`."""
     return (
         f"| {model} | `{override}` | {base.median:.2f} | {ablated.median:.2f} | "
         f"{ablated.median / base.median - 1:+.0%} | {_phases_inline(base)} | {_phases_inline(ablated)} | "
@@ -376,7 +388,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=6, help="measured steps of each run, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out before measuring")
     parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="default: every core")
-    parser.add_argument("--ablate", action="append", default=[], metavar="OVERRIDE", help="roll again with this")
+    parser.add_argument(
+        "--ablate",
+        action="append",
+        default=[],
+        metavar='"OVERRIDE ..."',
+        help="roll again with these overrides (split like a shell line); repeatable",
+    )
+    parser.add_argument("--no-trl", action="store_true", help="run only roll and its ablations")
     parser.add_argument("--write-docs", action="store_true", help="rewrite this model's rows of docs/performance.md")
     parser.add_argument("--trl-job", nargs=2, help=argparse.SUPPRESS)  # the TRL child: job JSON, result file
     return parser
@@ -389,34 +408,43 @@ def main() -> None:
         job, result = json.loads(args.trl_job[0]), Path(args.trl_job[1])
         result.write_text(json.dumps(trl_step_seconds(**job)))
         return
-    ensure_requirements()
+    if not args.no_trl:
+        ensure_requirements()
     command = doc_tables.command_line(__file__, sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="compare_trl-") as tmp:
         workdir = Path(tmp)
         model_dir, train_file, eval_file = build_inputs(args.model, workdir)
         new_tokens = MODELS[args.model][1]
         base = roll_overrides(model_dir, train_file, eval_file, new_tokens, args.warmup + args.steps + 1)
-        trl = run_trl(model_dir, train_file, new_tokens, args.steps, args.warmup, args.trl_threads, workdir)
+        ablate = [(a, ablation_overrides(a)) for a in args.ablate]  # a malformed value stops before any run
+        trl = None
+        if not args.no_trl:
+            trl = run_trl(model_dir, train_file, new_tokens, args.steps, args.warmup, args.trl_threads, workdir)
         roll = run_roll("roll", [*base, *extra], args.warmup, workdir / "roll")
         ablations = [
-            (o, run_roll(f"roll {o}", [*base, *extra, o], args.warmup, workdir / f"roll-ablation-{i}"))
-            for i, o in enumerate(args.ablate)
+            (a, run_roll(f"roll {a}", [*base, *extra, *o], args.warmup, workdir / f"roll-ablation-{i}"))
+            for i, (a, o) in enumerate(ablate)
         ]
         params = parameter_count(model_dir)
     print(f"\n{args.model}: {params / 1e6:.1f}M parameters, {new_tokens} new tokens; {machine()}")
     print("| run | s/step (median) | steps | load 1-min (before-after) |\n|---|---|---|---|")
-    for run in (trl, roll, *(ablated for _, ablated in ablations)):
+    for run in ([trl] if trl else []) + [roll, *(ablated for _, ablated in ablations)]:
         print(f"| {run.label} | {run.median:.3f} | {len(run.seconds)} | {_load(run)} |")
-    print(f"\nTRL / roll = {trl.median / roll.median:.2f}\n\nroll's phases:\n{phase_table(roll)}")
+    if trl:
+        print(f"\nTRL / roll = {trl.median / roll.median:.2f}")
+    print(f"\nroll's phases:\n{phase_table(roll)}")
     for override, ablated in ablations:
         print(f"\nroll with {override}: {ablated.median / roll.median - 1:+.1%} s/step\n{phase_table(ablated)}")
     if args.write_docs:
-        row = table_row(args.model, args.trl_threads, params, trl, roll, command)
-        rows = {TABLE: [(table_key(args.model, args.trl_threads), row)]}
-        rows[ABLATION] = [
-            (f"| {args.model} | `{o}` |", ablation_row(args.model, o, roll, a, command)) for o, a in ablations
-        ]
-        write_docs(rows)
+        compared = [table_row(args.model, args.trl_threads, params, trl, roll, command)] if trl else []
+        write_docs(
+            {
+                TABLE: [(table_key(args.model, args.trl_threads), row) for row in compared],
+                ABLATION: [
+                    (f"| {args.model} | `{o}` |", ablation_row(args.model, o, roll, a, command)) for o, a in ablations
+                ],
+            }
+        )
         print(f"\nwrote {DOC.relative_to(REPO_ROOT)}")
 
 

@@ -66,3 +66,37 @@ def test_phases_come_from_the_logged_metrics_in_step_order() -> None:
     assert medians["worker_compute"] == 3.0 and medians["offload/reload (all phases)"] == 0.05
     inline = compare_trl._phases_inline(run)
     assert inline == "sync_weights 0.10, generate 1.00, reference_and_old_log_probs 0.50, actor_update 2.00"
+
+
+def test_one_ablation_holds_several_overrides_and_the_flag_repeats() -> None:
+    layout = "devices_per_node=1 cpus_per_device=2 actor_train.device_mapping=0 'data.x=a b'"
+    args, extra = compare_trl.build_parser().parse_known_args(
+        ["--ablate", layout, "--ablate", "algorithm.old_log_probs_pass=always", "--no-trl", "seed=1"]
+    )
+    assert args.ablate == [layout, "algorithm.old_log_probs_pass=always"] and args.no_trl and extra == ["seed=1"]
+    assert compare_trl.ablation_overrides(layout) == [
+        "devices_per_node=1",
+        "cpus_per_device=2",
+        "actor_train.device_mapping=0",
+        "data.x=a b",
+    ]
+    assert compare_trl.ablation_overrides(args.ablate[1]) == ["algorithm.old_log_probs_pass=always"]
+    with pytest.raises(SystemExit, match="holds no override"):
+        compare_trl.ablation_overrides("  ")
+
+
+def test_the_one_rank_two_thread_layout_trains_on_the_same_samples_per_optimizer_step(tmp_path: Path) -> None:
+    model_dir, train_file, eval_file = compare_trl.build_inputs("small", tmp_path)
+    layout = compare_trl.ablation_overrides(
+        "devices_per_node=1 cpus_per_device=2 actor_train.device_mapping=0 actor_infer.device_mapping=0 "
+        "reference.device_mapping=0 actor_train.training_args.gradient_accumulation_steps=2"
+    )
+    overrides = [*compare_trl.roll_overrides(model_dir, train_file, eval_file, 32, max_steps=5), *layout]
+    register_schema_defaults("rlvr", RLVRConfig)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("rlvr_arithmetic", overrides=[*overrides, f"output_dir={tmp_path}"])
+    config = load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))
+    args = config.actor_train.training_args
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * config.actor_train.world_size == 128
+    assert config.actor_train.devices == config.actor_infer.devices == config.reference.devices == [0]
+    assert config.cpus_per_device == 2 and config.devices_per_node == 1
