@@ -24,9 +24,14 @@ TRAILING_COMMENT = re.compile(r"\s+#\s.*$")
 
 @dataclass(frozen=True)
 class Run:
-    """Run `command` (the README's, or a cheaper form doing the same thing) in the repository copy."""
+    """Run `command` (the README's, or a cheaper form doing the same thing) in the repository copy.
+
+    A `standalone` command reads nothing that earlier commands write and writes nothing that later ones
+    read (a dry run, `--help`, test collection), so the README test may run it beside the others.
+    """
 
     command: str
+    standalone: bool = False
 
 
 @dataclass(frozen=True)
