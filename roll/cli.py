@@ -1,4 +1,4 @@
-"""Console entry points installed with the package: `roll-rlvr`, `roll-sft`, `roll-dpo` and `roll-cluster-check`.
+"""Console entry points of the package: `roll-rlvr`, `roll-sft`, `roll-dpo`, `roll-rm`, and `roll-cluster-check`.
 
 Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
 `--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
@@ -23,6 +23,8 @@ from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
 from roll.pipeline.entry import run_pipeline
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from roll.pipeline.rm.rm_config import RMConfig
+from roll.pipeline.rm.rm_pipeline import RMPipeline
 from roll.pipeline.sft.sft_config import SFTConfig
 from roll.pipeline.sft.sft_pipeline import SFTPipeline
 
@@ -41,6 +43,7 @@ ENTRIES = {
     "rlvr": Entry(RLVRConfig, RLVRPipeline, "rlvr_arithmetic"),
     "sft": Entry(SFTConfig, SFTPipeline, "sft_arithmetic"),
     "dpo": Entry(DPOConfig, DPOPipeline, "dpo_arithmetic"),
+    "rm": Entry(RMConfig, RMPipeline, "rm_arithmetic"),
     "cluster_check": Entry(ClusterCheckConfig, ClusterCheckPipeline, "cluster_check"),
 }
 
@@ -72,6 +75,11 @@ def sft() -> None:
 def dpo() -> None:
     """`roll-dpo`: direct preference optimisation, by default on arithmetic pairs (the correct answer preferred)."""
     run_entry("dpo")
+
+
+def rm() -> None:
+    """`roll-rm`: reward-model training (Bradley-Terry), by default on arithmetic pairs (the correct answer chosen)."""
+    run_entry("rm")
 
 
 def cluster_check() -> None:

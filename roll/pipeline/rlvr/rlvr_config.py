@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,9 +12,13 @@ from roll.configs.schema import DOTTED_PATH, ConfigError, Rule, any_value, check
 from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
+from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
 from roll.pipeline.checkpoint_state import load_driver_state
 from roll.rewards.sandbox import import_reward_fn
+
+# The reward cluster that scores responses with a trained reward model (`roll-rm`'s export) instead of a function.
+REWARD_MODEL_WORKER = "roll.pipeline.rlvr.reward_model_worker.RewardModelWorker"
 
 
 def _dotted_paths(value: str | list[str], path: str) -> None:
@@ -25,12 +30,33 @@ def _dotted_paths(value: str | list[str], path: str) -> None:
         DOTTED_PATH.check(item, path if isinstance(value, str) else f"{path}[{i}]")
 
 
+def check_reward_model_dir(path: str, field_name: str) -> None:
+    """`path` is an exported reward model: a config.json of a sequence-classification architecture with one label."""
+    fix = "set it to a reward model exported by roll-rm (<run_dir>/model)"
+    if path.startswith(TINY_SCHEME):
+        raise ConfigError(f"{field_name}={path!r} is a causal LM, not a reward model; {fix}")
+    config_file = Path(path).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{field_name}={path!r}: no readable config.json ({exc}); {fix}") from exc
+    architectures = config.get("architectures") or []
+    # transformers writes num_labels as id2label (two labels when it has none).
+    labels = len(config.get("id2label") or {}) or 2
+    if not any(name.endswith("ForSequenceClassification") for name in architectures) or labels != 1:
+        raise ConfigError(
+            f"{field_name}={path!r} is not a reward model: architectures {architectures} with {labels} label(s), "
+            f"not a *ForSequenceClassification with 1 label; {fix}"
+        )
+
+
 @dataclass
 class RewardConfig(WorkerConfig):
     """A reward cluster: the samples of its `domains`, scored by `reward_fn` with a per-sample timeout.
 
     Several reward functions (a list in `reward_fn`) score a sample by their sum weighted by
-    `reward_weights`.
+    `reward_weights`. With `worker_cls` REWARD_MODEL_WORKER the cluster scores with the reward model in
+    `model_args.model_name_or_path` on `strategy_args` (hf_infer) instead, and `reward_fn` is not used.
     """
 
     worker_cls: str = field(default="roll.pipeline.rlvr.reward_worker.RewardWorker", metadata=check(WORKER_CLS))
@@ -181,6 +207,9 @@ class RLVRConfig(PipelineConfig):
         self._check_loss_variants()
         self._check_async_generation()
         for key, reward in self.rewards.items():
+            if reward.worker_cls == REWARD_MODEL_WORKER:
+                self._check_reward_model(key, reward)
+                continue
             for dotted in reward.reward_fns:
                 try:
                     import_reward_fn(dotted)
@@ -195,6 +224,16 @@ class RLVRConfig(PipelineConfig):
         if len(domains) != len(set(domains)):
             raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")
         self._check_inputs()
+
+    def _check_reward_model(self, key: str, reward: RewardConfig) -> None:
+        """A reward-model cluster runs an inference strategy over an exported reward model."""
+        strategy = reward.strategy_args.strategy_name if reward.strategy_args else None
+        if strategy is None or strategy_class(strategy).trains():
+            raise ConfigError(
+                f"rewards.{key}.strategy_args.strategy_name={strategy}: a reward-model cluster needs an inference "
+                "strategy; set it to hf_infer"
+            )
+        check_reward_model_dir(reward.model_args.model_name_or_path, f"rewards.{key}.model_args.model_name_or_path")
 
     def _check_loss_variants(self) -> None:
         """The overlong buffer within the generation budget; TIS with an engine that returns its log-probs."""

@@ -1,0 +1,44 @@
+"""What a pipeline config with `resume_from_checkpoint`, `run_dir` and an export directory derives from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roll.configs.schema import ConfigError
+from roll.pipeline.checkpoint_state import load_driver_state
+
+
+class ResumableRun:
+    """Mixin of a pipeline config: where its checkpoints and export go, and the check of the one to resume."""
+
+    run_dir: str
+    resume_from_checkpoint: str
+    export_dir: str
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where checkpoints are written (valid after `validate`)."""
+        return Path(self.run_dir) / "checkpoints"
+
+    @property
+    def resume_tag(self) -> str | None:
+        """The checkpoint tag `resume_from_checkpoint` names (None: the latest complete one)."""
+        requested = self.resume_from_checkpoint
+        return None if requested == "latest" else Path(requested).name
+
+    @property
+    def model_export_dir(self) -> str:
+        """The export directory, defaulted under the run directory."""
+        return self.export_dir or f"{self.run_dir}/model"
+
+    def check_resume(self) -> None:
+        """A `resume_from_checkpoint` names a complete checkpoint, else a ConfigError."""
+        if not self.resume_from_checkpoint:
+            return
+        try:
+            load_driver_state(self.checkpoint_root, self.resume_tag)
+        except FileNotFoundError as exc:
+            raise ConfigError(
+                f"resume_from_checkpoint={self.resume_from_checkpoint!r}: {exc}; name a saved step (e.g. step_2) "
+                "or leave it empty to start afresh"
+            ) from exc
