@@ -27,7 +27,8 @@ class Run:
     """Run `command` (the README's, or a cheaper form doing the same thing) in the repository copy.
 
     A `standalone` command reads nothing that earlier commands write and writes nothing that later ones
-    read (a dry run, `--help`, test collection), so the README test may run it beside the others.
+    read (a dry run, `--help`, test collection, the cluster check), so the README test may run it beside
+    the others.
     """
 
     command: str
@@ -109,7 +110,7 @@ VERDICTS: dict[str, Run | Skip] = {
     "bash scripts/test.sh tests/unit": Run(f"bash scripts/test.sh tests/unit {COLLECT}", standalone=True),
     "bash scripts/test.sh tests/integration": Run(f"bash scripts/test.sh tests/integration {COLLECT}", standalone=True),
     'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}', standalone=True),
-    "roll-cluster-check": Run("roll-cluster-check rounds=1"),
+    "roll-cluster-check": Run("roll-cluster-check rounds=1", standalone=True),
     "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true", standalone=True),
     "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
     "roll-sft --config-name sft_gsm8k_format": Run("roll-sft --config-name sft_gsm8k_format max_steps=2 eval_steps=2"),

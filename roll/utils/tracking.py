@@ -20,6 +20,8 @@ PLOTTED = {
     "accuracy": "val/accuracy",
     "kl": "actor/kl",
     "response_length": "rollout/response_length_mean",
+    "preference_accuracy": "val/preference_accuracy",
+    "reward_margin": "actor/rewards/margin",
 }
 
 

@@ -132,16 +132,10 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
     assert failed > 0  # samples whose answers end in 3 or 7 scored 0 and were counted
 
 
-# deepspeed_zero2 is the YAML's own block: every other test here runs it.
-@pytest.mark.parametrize(
-    "block",
-    [
-        "deepspeed_zero",
-        "deepspeed_zero2_cpuoffload",
-        "deepspeed_zero3",
-        "deepspeed_zero3_cpuoffload",
-    ],
-)
+# deepspeed_zero2 is the YAML's own block: every other test here runs it. Plain ZeRO-3 trains the critic of the
+# GAE test below (and actor_train in the weight-sync and strategy tests); the offload blocks change what moves
+# between phases, so they run here.
+@pytest.mark.parametrize("block", ["deepspeed_zero", "deepspeed_zero2_cpuoffload", "deepspeed_zero3_cpuoffload"])
 def test_actor_train_block_swaps_by_override(ray_session: None, tmp_path: Path, block: str) -> None:
     config = make_config(
         tmp_path,
