@@ -30,6 +30,7 @@ from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.sft.sft_config import SFTConfig
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 from tests.unit.test_hydra_configs import compose_config
@@ -39,6 +40,7 @@ PIPELINES: dict[type[PipelineConfig], tuple[str, list[str]]] = {
     SFTConfig: ("sft_arithmetic", []),
     ClusterCheckConfig: ("cluster_check", []),
     DPOConfig: ("dpo_arithmetic", ["pretrain=tiny://qwen2"]),
+    RMConfig: ("rm_arithmetic", ["pretrain=tiny://qwen2"]),
 }
 ON_THIS_MACHINE = ["platform=cpu", "devices_per_node=2"]
 BLOCKS = yaml_names([CONFIG_DIR])
@@ -74,6 +76,7 @@ def init_fields(schema: type) -> Iterator[tuple[dataclasses.Field, Any]]:
 def test_every_field_declares_a_rule() -> None:
     expected = {"RLVRConfig", "RewardConfig", "SFTConfig", "ClusterCheckConfig", "DataArguments", "AlgorithmArguments"}
     expected |= {"DPOConfig", "PreferenceLossArguments", "PreferenceDataArguments"}
+    expected |= {"RMConfig"}
     expected |= {"WorkerConfig", "ModelArguments", "StrategyArguments", "TrainingArguments", "GeneratingArguments"}
     assert {c.__name__ for c in ALL_SCHEMAS} == expected  # PipelineConfig's fields are walked in each pipeline
     missing, unexplained = [], []

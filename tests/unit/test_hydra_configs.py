@@ -17,6 +17,7 @@ from roll.datasets.gsm8k_format import write_gsm8k_format
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.sft.sft_config import SFTConfig
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
@@ -37,8 +38,15 @@ PIPELINE_SCHEMAS = {
     "sft_gsm8k_format": SFTConfig,
     "rlvr_gsm8k_format": RLVRConfig,
     "dpo_arithmetic": DPOConfig,
+    "rm_arithmetic": RMConfig,
 }
-SCHEMA_NODES = {"cluster_check": ClusterCheckConfig, "sft": SFTConfig, "rlvr": RLVRConfig, "dpo": DPOConfig}
+SCHEMA_NODES = {
+    "cluster_check": ClusterCheckConfig,
+    "sft": SFTConfig,
+    "rlvr": RLVRConfig,
+    "dpo": DPOConfig,
+    "rm": RMConfig,
+}
 
 
 def compose_config(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> DictConfig:
@@ -83,7 +91,7 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     command of scripts/run.sh) or a downloaded model and data.
     """
     if "gsm8k" not in name and "gpu" not in name:
-        from_export = name.startswith(("rlvr", "dpo"))  # their YAML starts from the SFT export
+        from_export = name.startswith(("rlvr", "dpo", "rm"))  # their YAML starts from the SFT export
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]
     paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
     files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]
