@@ -1,0 +1,103 @@
+"""The reward-model pipeline end to end (Ray, DeepSpeed ZeRO-2, HF export), then its export as RLVR's reward cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoModelForSequenceClassification
+
+from roll.configs.hydra_defaults import register_schema_defaults
+from roll.configs.loader import load_pipeline_config, yaml_names
+from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
+from roll.models.model_providers import load_tokenizer
+from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKER
+from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from roll.pipeline.rm.rm_config import RMConfig
+from roll.pipeline.rm.rm_pipeline import RMPipeline
+from tests.conftest import CONFIG_DIR
+from tests.integration.test_rlvr_pipeline import make_config as make_rlvr_config
+
+pytestmark = pytest.mark.slow
+
+# Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs.
+FAST = [
+    "pretrain=tiny://qwen2",
+    "batch_size=8",
+    "eval_batch_size=16",
+    "max_steps=2",
+    "eval_steps=2",
+    "save_steps=1",
+    "reward_model.training_args.per_device_train_batch_size=8",
+    "reward_model.training_args.warmup_steps=0",
+    "devices_per_node=2",
+    "platform=cpu",
+]
+
+
+def make_config(output: Path, *overrides: str) -> RMConfig:
+    register_schema_defaults("rm", RMConfig)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("rm_arithmetic", overrides=[*FAST, f"output_dir={output}", *overrides])
+    return load_pipeline_config(cfg, RMConfig, yaml_names([CONFIG_DIR]))
+
+
+def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session: None, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    pipeline = RMPipeline(config)
+    try:
+        summary = pipeline.run()
+    finally:
+        pipeline.shutdown()
+    run_dir = tmp_path / "rm"
+    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for key in ("loss", "accuracy", "rewards/chosen", "rewards/rejected", "rewards/margin", "grad_norm"):
+        assert f"reward_model/{key}" in rows[1] and f"reward_model/{key}" in rows[2], key
+    first = rows[1]
+    assert first["reward_model/loss"] > 0 and 0 <= first["reward_model/accuracy"] <= 1
+    margin = first["reward_model/rewards/chosen"] - first["reward_model/rewards/rejected"]
+    assert first["reward_model/rewards/margin"] == pytest.approx(margin, abs=1e-5)
+    assert summary["val_pairwise_accuracy_after"] == rows[2]["val/preference_accuracy"]
+    for step in (1, 2):
+        assert (run_dir / "checkpoints" / f"step_{step}" / "driver_state.json").is_file()
+    assert list((run_dir / "logs" / "tensorboard").glob("events.out.tfevents.*"))
+
+    export = run_dir / "model"
+    model = AutoModelForSequenceClassification.from_pretrained(export).eval()
+    assert model.config.num_labels == 1
+
+    # RLVR with the export as its reward cluster (device-less, hf_infer): one step, scores from the model.
+    rlvr_config = make_rlvr_config(
+        tmp_path,
+        "max_steps=1",
+        "eval_steps=100",
+        "eval_batch_size=8",
+        "num_log_samples=8",
+        f"rewards.math.worker_cls={REWARD_MODEL_WORKER}",
+        f"rewards.math.model_args.model_name_or_path={export}",
+        "rewards.math.strategy_args.strategy_name=hf_infer",
+        "rewards.math.model_args.dtype=fp32",
+    )
+    tokenizer = load_tokenizer(str(export))
+    _, held_out = load_preference_splits(config.data, tokenizer, config.max_response_length)
+    batch = encode_pairs(held_out[:6], tokenizer.pad_token_id)
+    rlvr = RLVRPipeline(rlvr_config)
+    try:
+        served = rlvr.score(batch)
+        rlvr.run()
+    finally:
+        rlvr.shutdown()
+    with torch.no_grad():
+        direct = model(input_ids=batch.batch["input_ids"], attention_mask=batch.batch["attention_mask"]).logits[:, 0]
+    assert served.tolist() == pytest.approx(direct.tolist(), abs=1e-5)
+    assert served.std() > 0
+
+    logs = tmp_path / "rlvr" / "logs"
+    steps = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["step"] == 1 and steps[-1]["rollout/reward_failed"] == 0
+    scores = [json.loads(line)["score"] for line in (logs / "samples.jsonl").read_text().splitlines()]
+    assert len(set(scores)) > 2  # a reward model's real-valued scores, not a verifier's 0/1
