@@ -88,6 +88,15 @@ GPU_RECIPE_DRY_RUN = (
     "'pretrain=\"tiny://qwen2?hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864"
     "&max_position_embeddings=32768\"'"
 )
+MESSAGES_DATA = (
+    "data.prompt_key=messages data.train_file=data/gsm8k_format/train_messages.jsonl "
+    "data.eval_file=data/gsm8k_format/test_messages.jsonl"
+)
+MESSAGES_SFT = f"roll-sft --config-name sft_gsm8k_format exp_name=sft_gsm8k_messages {MESSAGES_DATA}"
+MESSAGES_RLVR = (
+    "roll-rlvr --config-name rlvr_gsm8k_format exp_name=rlvr_gsm8k_messages pretrain=output/sft_gsm8k_messages/model "
+    + MESSAGES_DATA
+)
 COLLECT = "--collect-only -q"  # lint, then collect the chosen tests: the command works and selects tests
 
 VERDICTS: dict[str, Run | Skip] = {
@@ -117,6 +126,8 @@ VERDICTS: dict[str, Run | Skip] = {
     "roll-rlvr --config-name rlvr_gsm8k_format": Run(
         "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
     ),
+    MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
+    MESSAGES_RLVR: Run(f"{MESSAGES_RLVR} max_steps=1 eval_steps=1"),
     "pip install wandb": Skip("installs a tracker from the network; tests/unit/test_trackers.py covers the adapters"),
     GPU_RECIPE_DRY_RUN: Run(GPU_RECIPE_DRY_RUN, standalone=True),
     VLLM_RUN: Run(f"{VLLM_RUN} dry_run=true", standalone=True),
