@@ -99,6 +99,12 @@ MESSAGES_RLVR = (
 )
 COLLECT = "--collect-only -q"  # lint, then collect the chosen tests: the command works and selects tests
 
+RLVR_WITH_RM = (
+    "roll-rlvr rewards.math.worker_cls=roll.pipeline.rlvr.reward_model_worker.RewardModelWorker "
+    "rewards.math.model_args.model_name_or_path=output/rm/model rewards.math.strategy_args.strategy_name=hf_infer "
+    "rewards.math.model_args.dtype=fp32"
+)
+
 VERDICTS: dict[str, Run | Skip] = {
     "bash scripts/run.sh": Run(f"bash scripts/run.sh {QUICK_RUN}"),
     "bash scripts/test.sh": Run(f"bash scripts/test.sh {COLLECT}", standalone=True),
@@ -171,5 +177,12 @@ VERDICTS: dict[str, Run | Skip] = {
     ),
     "roll-dpo 'actor_train.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-dpo 'actor_train.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
+    ),
+    "roll-rm": Run("roll-rm max_steps=1 eval_steps=1 eval_batch_size=16"),
+    # Reads roll-rm's export (and the SFT export the RLVR YAML starts from): not standalone.
+    RLVR_WITH_RM: Run(f"{RLVR_WITH_RM} dry_run=true"),
+    "roll-rm margin=1.0": Run("roll-rm margin=1.0 dry_run=true", standalone=True),
+    "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
+        "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
     ),
 }
