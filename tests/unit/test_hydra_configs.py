@@ -91,7 +91,7 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     command of scripts/run.sh) or a downloaded model and data.
     """
     if "gsm8k" not in name and "gpu" not in name:
-        from_export = name.startswith(("rlvr", "dpo", "rm"))  # their YAML starts from the SFT export
+        from_export = name.startswith(("rlvr", "dpo"))  # their YAML starts from the SFT export
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]
     paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
     files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]
