@@ -1,0 +1,86 @@
+"""What the configs of pipelines trained on preference pairs share: schedule, pairs, lengths, export and resume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from roll.configs.data_config import PreferenceDataArguments
+from roll.configs.schema import ConfigError, any_value, check, checked_in_validate
+from roll.configs.worker_config import WorkerConfig
+from roll.datasets.arithmetic import arithmetic_problems
+from roll.distributed.strategy.registry import strategy_class
+from roll.models.model_providers import load_tokenizer
+from roll.pipeline.base_config import PipelineConfig
+from roll.pipeline.resumable import ResumableRun
+
+
+@dataclass
+class PreferenceRunConfig(ResumableRun, PipelineConfig):
+    """A run of `max_steps` steps of `batch_size` preference pairs, evaluated on held-out pairs, checkpointed
+    and exported (the base of the reward-model config; DPO's fields are the same)."""
+
+    pretrain: str = field(
+        default="", metadata=any_value("only interpolated (${pretrain}) into model paths, which validate() checks")
+    )
+    max_steps: int = field(default=100, metadata=check(ge=1))
+    # Preference pairs per optimizer step over all ranks (each pair is two rows: chosen and rejected).
+    batch_size: int = field(default=32, metadata=check(ge=1))
+    # Held-out evaluation every N steps (and before the first and after the last).
+    eval_steps: int = field(default=25, metadata=check(ge=1))
+    eval_batch_size: int = field(default=0, metadata=check(ge=0, hint="0 evaluates every held-out pair"))
+    save_steps: int = field(default=0, metadata=check(ge=0, hint="0 saves only at the end"))
+    # A checkpoint directory, or "latest" under run_dir/checkpoints.
+    resume_from_checkpoint: str = field(
+        default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")
+    )
+    max_response_length: int = field(default=8, metadata=check(ge=1))
+    export_dir: str = field(
+        default="", metadata=any_value("any directory to write the model to; empty = <run_dir>/model")
+    )
+    data: PreferenceDataArguments = field(default_factory=PreferenceDataArguments)
+
+    def sequence_lengths(self) -> tuple[int, int, int | None]:
+        """The longest prompt and the longest response."""
+        return self.data.max_prompt_length, self.max_response_length, None
+
+    def check_pair_training(self, name: str, role: WorkerConfig) -> None:
+        """Role `name` trains, every micro-batch holds whole pairs, and one optimizer step is `batch_size` pairs."""
+        strategy = role.strategy_args.strategy_name if role.strategy_args else None
+        if strategy is None or not strategy_class(strategy).trains():
+            raise ConfigError(f"{name}.strategy_args.strategy_name={strategy} does not train; use deepspeed_train")
+        args = role.training_args
+        if args.per_device_train_batch_size % 2:
+            raise ConfigError(
+                f"{name}.training_args.per_device_train_batch_size={args.per_device_train_batch_size} must be "
+                "even: a micro-batch holds whole pairs (a chosen and a rejected row each)"
+            )
+        if role.max_tokens_per_microbatch is not None:
+            raise ConfigError(
+                f"{name}.max_tokens_per_microbatch must be null: a token budget regroups (or packs) rows, which "
+                "would split a pair's chosen and rejected rows over micro-batches"
+            )
+        step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * role.dp_size
+        if 2 * self.batch_size != step_rows:
+            raise ConfigError(
+                f"batch_size={self.batch_size} pairs are {2 * self.batch_size} rows, which must equal {name} "
+                f"per_device_train_batch_size x gradient_accumulation_steps x dp size = {step_rows}"
+            )
+
+    def check_pairs(self, model_path: str) -> None:
+        """The pair files read (with `model_path`'s tokenizer), map onto the columns and fit the lengths; training
+        holds one batch of pairs."""
+        data = self.data
+        if data.train_file or data.eval_file:
+            # Imported here: `datasets` takes seconds to import, and a config without data files never needs it.
+            from roll.datasets.preference_dataset import load_preference_splits
+
+            tokenizer = load_tokenizer(model_path)
+            pairs = len(load_preference_splits(data, tokenizer, self.max_response_length)[0])
+            source = f"data.train_file={data.train_file!r}"
+        else:
+            pairs, source = len(arithmetic_problems(seed=data.task_seed)[0]), "the built-in arithmetic pairs"
+        if self.batch_size > pairs:
+            raise ConfigError(
+                f"batch_size={self.batch_size} is more than the {pairs} training pairs of {source}; "
+                "lower batch_size or add pairs"
+            )
