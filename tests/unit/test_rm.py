@@ -165,3 +165,10 @@ def test_rlvr_refuses_a_reward_model_cluster_without_a_reward_model_or_strategy(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         rlvr_with_reward_model(tmp_path, *overrides)
+
+
+def test_rlvr_refuses_reward_weights_on_a_reward_model_cluster(tmp_path: Path) -> None:
+    model = write_model_config(tmp_path / "rm", ["Qwen2ForSequenceClassification"], 1)
+    overrides = [f"rewards.math.model_args.model_name_or_path={model}", "rewards.math.reward_weights=[1.0]"]
+    with pytest.raises(ConfigError, match=r"rewards\.math\.reward_weights weighs reward_fn entries"):
+        rlvr_with_reward_model(tmp_path, "rewards.math.strategy_args.strategy_name=hf_infer", *overrides)

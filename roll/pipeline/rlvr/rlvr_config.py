@@ -234,6 +234,11 @@ class RLVRConfig(PipelineConfig):
                 "strategy; set it to hf_infer"
             )
         check_reward_model_dir(reward.model_args.model_name_or_path, f"rewards.{key}.model_args.model_name_or_path")
+        if reward.reward_weights:
+            raise ConfigError(
+                f"rewards.{key}.reward_weights weighs reward_fn entries, but a reward-model cluster scores with its "
+                "model alone; leave reward_weights empty"
+            )
 
     def _check_loss_variants(self) -> None:
         """The overlong buffer within the generation budget; TIS with an engine that returns its log-probs."""
