@@ -167,8 +167,17 @@ def test_rlvr_refuses_a_reward_model_cluster_without_a_reward_model_or_strategy(
         rlvr_with_reward_model(tmp_path, *overrides)
 
 
-def test_rlvr_refuses_reward_weights_on_a_reward_model_cluster(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rewards.math.reward_weights=[1.0]", r"rewards\.math\.reward_weights weighs reward_fn entries"),
+        ("rewards.math.max_tokens_per_microbatch=64", r"rewards\.math\.max_tokens_per_microbatch must be null"),
+    ],
+)
+def test_rlvr_refuses_function_and_packing_options_on_a_reward_model_cluster(
+    override: str, message: str, tmp_path: Path
+) -> None:
     model = write_model_config(tmp_path / "rm", ["Qwen2ForSequenceClassification"], 1)
-    overrides = [f"rewards.math.model_args.model_name_or_path={model}", "rewards.math.reward_weights=[1.0]"]
-    with pytest.raises(ConfigError, match=r"rewards\.math\.reward_weights weighs reward_fn entries"):
+    overrides = [f"rewards.math.model_args.model_name_or_path={model}", override]
+    with pytest.raises(ConfigError, match=message):
         rlvr_with_reward_model(tmp_path, "rewards.math.strategy_args.strategy_name=hf_infer", *overrides)

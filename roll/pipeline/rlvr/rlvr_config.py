@@ -234,6 +234,11 @@ class RLVRConfig(PipelineConfig):
                 "strategy; set it to hf_infer"
             )
         check_reward_model_dir(reward.model_args.model_name_or_path, f"rewards.{key}.model_args.model_name_or_path")
+        if reward.max_tokens_per_microbatch is not None:
+            raise ConfigError(
+                f"rewards.{key}.max_tokens_per_microbatch must be null: a token budget may pack rows into one, "
+                "and a reward model's score is read at each row's last token"
+            )
         if reward.reward_weights:
             raise ConfigError(
                 f"rewards.{key}.reward_weights weighs reward_fn entries, but a reward-model cluster scores with its "
