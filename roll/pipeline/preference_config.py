@@ -17,7 +17,7 @@ from roll.pipeline.resumable import ResumableRun
 @dataclass
 class PreferenceRunConfig(ResumableRun, PipelineConfig):
     """A run of `max_steps` steps of `batch_size` preference pairs, evaluated on held-out pairs, checkpointed
-    and exported (the base of the reward-model config; DPO's fields are the same)."""
+    and exported (the base of the DPO and reward-model configs)."""
 
     pretrain: str = field(
         default="", metadata=any_value("only interpolated (${pretrain}) into model paths, which validate() checks")
@@ -65,6 +65,19 @@ class PreferenceRunConfig(ResumableRun, PipelineConfig):
                 f"batch_size={self.batch_size} pairs are {2 * self.batch_size} rows, which must equal {name} "
                 f"per_device_train_batch_size x gradient_accumulation_steps x dp size = {step_rows}"
             )
+
+    def check_inputs(self, roles: list[WorkerConfig]) -> None:
+        """The roles' models parse and fit the pairs' lengths, the pairs read with the first role's tokenizer,
+        and a `resume_from_checkpoint` names a complete checkpoint."""
+        facts = self.check_models(roles)
+        tokens = self.data.max_prompt_length + self.max_response_length
+        self.check_lengths(
+            facts,
+            tokens,
+            f"data.max_prompt_length={self.data.max_prompt_length} + max_response_length={self.max_response_length}",
+        )
+        self.check_pairs(roles[0].model_args.model_name_or_path)
+        self.check_resume()
 
     def check_pairs(self, model_path: str) -> None:
         """The pair files read (with `model_path`'s tokenizer), map onto the columns and fit the lengths; training

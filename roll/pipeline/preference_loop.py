@@ -1,7 +1,7 @@
 """The driver loop of a pipeline trained on preference pairs: steps, held-out evaluation, checkpoints, resume, export.
 
-A subclass (the reward-model pipeline; DPO's loop is the same) starts its clusters and supplies one
-step, the held-out evaluation and how their numbers are shown.
+A subclass (DPO, the reward model) starts its clusters and supplies one step, the held-out
+evaluation and how their numbers are shown.
 """
 
 from __future__ import annotations

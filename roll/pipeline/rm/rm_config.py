@@ -36,12 +36,4 @@ class RMConfig(PreferenceRunConfig):
         super().validate()
         role = self.reward_model
         self.check_pair_training("reward_model", role)
-        facts = self.check_models([role])
-        tokens = self.data.max_prompt_length + self.max_response_length
-        self.check_lengths(
-            facts,
-            tokens,
-            f"data.max_prompt_length={self.data.max_prompt_length} + max_response_length={self.max_response_length}",
-        )
-        self.check_pairs(role.model_args.model_name_or_path)
-        self.check_resume()
+        self.check_inputs([role])
