@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -25,9 +24,10 @@ from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.async_generation import InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rollout import compute_advantages, consumer_row_multiple, keep_informative_groups
+from roll.pipeline.run_tracking import open_run_tracker
 from roll.utils.kl import AdaptiveKLController, FixedKLController
 from roll.utils.reward_processing import group_index_from_repeat, overlong_penalty, truncated_responses
-from roll.utils.tracking import MetricsTracker, show_progress
+from roll.utils.tracking import show_progress
 
 logger = logging.getLogger(__name__)
 
@@ -357,16 +357,8 @@ class RLVRPipeline(BasePipeline):
         if config.resume_from_checkpoint:
             state = self.resume()
             start_step, accuracies = state["step"], state["val_accuracy_history"]
-        self.tracker = tracker = MetricsTracker(
-            str(self.run_dir / "logs"),
-            resume_history=bool(config.resume_from_checkpoint),
-            trackers=config.trackers,
-            run_name=config.exp_name,
-            config=dataclasses.asdict(config),
-        )
-        if start_step:
-            tracker.truncate(start_step)
-        else:
+        self.tracker = tracker = open_run_tracker(config, start_step)
+        if not start_step:
             accuracies.append(self.evaluate())
             tracker.log({"val/accuracy": accuracies[-1]}, 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc="rlvr")

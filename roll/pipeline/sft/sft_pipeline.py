@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,9 +15,10 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.evaluation import greedy_accuracy
+from roll.pipeline.run_tracking import open_run_tracker
 from roll.pipeline.sft.sft_config import SFTConfig
 from roll.rewards.functions import math_reward
-from roll.utils.tracking import MetricsTracker, show_progress
+from roll.utils.tracking import show_progress
 
 EXPORT_MARKER = "roll_sft.json"
 
@@ -72,12 +72,7 @@ class SFTPipeline(BasePipeline):
         config = self.config
         actor = self.start_cluster("actor_train")
         actor.initialize()
-        tracker = MetricsTracker(
-            f"{config.run_dir}/logs",
-            trackers=config.trackers,
-            run_name=config.exp_name,
-            config=dataclasses.asdict(config),
-        )
+        tracker = open_run_tracker(config)
         progress = show_progress(range(1, config.max_steps + 1), desc="sft")
         accuracy = self.evaluate()
         tracker.log({"val/accuracy": accuracy}, 0)
