@@ -7,14 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from roll.configs.hydra_defaults import register_schema_defaults
-from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
-from tests.conftest import CONFIG_DIR
+from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +31,7 @@ FAST = [
 
 
 def make_config(output: Path, *overrides: str) -> DPOConfig:
-    register_schema_defaults("dpo", DPOConfig)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose("dpo_arithmetic", overrides=[*FAST, f"output_dir={output}", *overrides])
-    return load_pipeline_config(cfg, DPOConfig, yaml_names([CONFIG_DIR]))
+    return load_config("dpo_arithmetic", [*FAST, f"output_dir={output}", *overrides])
 
 
 def run(config: DPOConfig) -> tuple[dict, list[dict]]:

@@ -6,13 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from roll.configs.hydra_defaults import register_schema_defaults
-from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-from tests.conftest import CONFIG_DIR
+from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +28,7 @@ FAST = [
 
 
 def make_config(tmp_path: Path, *overrides: str) -> RLVRConfig:
-    register_schema_defaults("rlvr", RLVRConfig)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose("rlvr_arithmetic", overrides=[*FAST, f"output_dir={tmp_path}", *overrides])
-    return load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))
+    return load_config("rlvr_arithmetic", [*FAST, f"output_dir={tmp_path}", *overrides])
 
 
 def run(config: RLVRConfig) -> list[dict]:

@@ -7,19 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from transformers import AutoModelForSequenceClassification
 
-from roll.configs.hydra_defaults import register_schema_defaults
-from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKER
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_pipeline import RMPipeline
-from tests.conftest import CONFIG_DIR
 from tests.integration.test_rlvr_pipeline import make_config as make_rlvr_config
+from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +36,7 @@ FAST = [
 
 
 def make_config(output: Path, *overrides: str) -> RMConfig:
-    register_schema_defaults("rm", RMConfig)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose("rm_arithmetic", overrides=[*FAST, f"output_dir={output}", *overrides])
-    return load_pipeline_config(cfg, RMConfig, yaml_names([CONFIG_DIR]))
+    return load_config("rm_arithmetic", [*FAST, f"output_dir={output}", *overrides])
 
 
 def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session: None, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.datasets.gsm8k_format import write_gsm8k_format
+from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
@@ -55,6 +56,11 @@ def compose_config(name: str, overrides: list[str] | None = None, config_dir: Pa
     searchpath = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir != CONFIG_DIR else []
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return compose(config_name=name, overrides=searchpath + (overrides or []))
+
+
+def load_config(name: str, overrides: list[str]) -> PipelineConfig:
+    """Pipeline YAML `name` with `overrides`, composed and converted into its validated schema (as an entry does)."""
+    return load_pipeline_config(compose_config(name, overrides), PIPELINE_SCHEMAS[name], yaml_names([CONFIG_DIR]))
 
 
 def test_the_five_deepspeed_blocks_exist() -> None:
