@@ -146,6 +146,9 @@ class WorkerConfig:
     )
     name: str = field(default="", init=False)
     devices: list[int] = field(default_factory=list, init=False)
+    # Ranks that hold one model replica between them (tensor parallelism across workers); the strategy
+    # registry sets it from the backend's block when it checks the role.
+    model_parallel_size: int = field(default=1, init=False)
 
     def resolve(self, name: str, total_devices: int) -> None:
         """Name the role, parse its devices and check them against the cluster; raise ConfigError.
@@ -207,5 +210,5 @@ class WorkerConfig:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel size: workers that each take a different slice of a batch."""
-        return self.world_size or 1
+        """Data-parallel size: groups of `model_parallel_size` workers that each take a different slice of a batch."""
+        return (self.world_size or 1) // self.model_parallel_size

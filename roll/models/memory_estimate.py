@@ -476,7 +476,7 @@ def estimate_rank(
         resident, phases, notes = _infer_rank(role, shape, kind, lengths)
     else:
         resident, phases, notes = _engine_rank(role, shape, kind, lengths, platform, budget)
-    return RankEstimate(role.name, strategy, role.dp_size, resident, phases, places, budget, source, notes)
+    return RankEstimate(role.name, strategy, role.world_size or 1, resident, phases, places, budget, source, notes)
 
 
 @dataclass(frozen=True)
@@ -548,10 +548,28 @@ def _generation_phase(role: WorkerConfig, shape: ModelShape, lengths: _Lengths) 
     return MemoryItem("KV cache", kv), MemoryItem("prefill layer", prefill)
 
 
+def _tensor_parallel_share(shape: ModelShape, params: int, tp_size: int) -> int:
+    """Parameters on one rank when the decoder layers' linear weights are split over `tp_size` ranks.
+
+    Embeddings, norms and the output head are counted whole on every rank (an upper bound: DeepSpeed
+    AutoTP also splits some heads).
+    """
+    linear = shape.num_layers * sum(i * o + (o if bias else 0) for i, o, bias in shape.linear_shapes().values())
+    return params - linear + _share(linear, tp_size)
+
+
 def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths, platform: str) -> _Built:
     stage, offload_optimizer, offload_params, zero = _zero_block(role)
     dtype, args, ranks = role.model_args.dtype, role.training_args, role.dp_size
     params, trainable = _model_params(role, shape, kind)
+    tp_size = role.model_parallel_size
+    notes: tuple[str, ...] = ()
+    if tp_size > 1:
+        params = trainable = _tensor_parallel_share(shape, params, tp_size)
+        notes = (
+            f"{role.world_size} ranks = {ranks} data-parallel x {tp_size} tensor-parallel: ZeRO shards over the "
+            f"{ranks}, the decoder's linear weights are split over the {tp_size}; activations counted unsplit",
+        )
     resident = list(
         zero_model_states(
             stage,
@@ -602,7 +620,7 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
     if stage == 0 and ranks > 1:
         flat = DTYPE_BYTES[dtype] * min(trainable, _DS_ALLREDUCE_CHUNK)
         phases["gradient all-reduce"] = (MemoryItem("flattened grads", flat),)
-    return tuple(resident), phases, ()
+    return tuple(resident), phases, notes
 
 
 def _infer_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths) -> _Built:

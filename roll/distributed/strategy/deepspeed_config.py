@@ -10,11 +10,24 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from roll.configs.schema import ConfigError
+from roll.configs.schema import ConfigError, closest_spelling
 from roll.configs.worker_config import WorkerConfig
 from roll.platforms import current_platform
 
 AUTO = "auto"
+# The keys of DeepSpeed 0.19's `tensor_parallel` block (TPTrainingConfig) that a training role may set, so a
+# misspelt one fails before Ray starts. Left out: dtype (roll sets the precision), the vocabulary-parallel
+# loss backend (roll keeps full logits) and the inference-only kernel injection.
+TENSOR_PARALLEL_KEYS = (
+    "autotp_size",
+    "tp_overlap_comm",
+    "vocab_parallel_lm_head",
+    "tp",
+    "tensor_parallel",
+    "partition_config",
+    "preset_model",
+    "keep_module_on_host",
+)
 
 
 def resolve_deepspeed_config(worker_config: WorkerConfig, training: bool) -> dict[str, Any]:
@@ -23,10 +36,11 @@ def resolve_deepspeed_config(worker_config: WorkerConfig, training: bool) -> dic
     block = worker_config.strategy_args.strategy_config if worker_config.strategy_args else {}
     config = copy.deepcopy(block)
     args = worker_config.training_args
-    dp_size = worker_config.dp_size
+    where, source = f"{role}.strategy_args.strategy_config", f"{role}.training_args"
+    tp_size = _check_tensor_parallel(config, worker_config, training, where)
+    dp_size = (worker_config.world_size or 1) // tp_size
     micro = args.per_device_train_batch_size if training else 1
     accumulation = args.gradient_accumulation_steps if training else 1
-    where, source = f"{role}.strategy_args.strategy_config", f"{role}.training_args"
     _fill(config, "train_micro_batch_size_per_gpu", micro, where, f"{source}.per_device_train_batch_size")
     _fill(config, "gradient_accumulation_steps", accumulation, where, f"{source}.gradient_accumulation_steps")
     _fill(config, "gradient_clipping", args.max_grad_norm, where, f"{source}.max_grad_norm")
@@ -37,7 +51,7 @@ def resolve_deepspeed_config(worker_config: WorkerConfig, training: bool) -> dic
         raise ConfigError(
             f"{where}.train_batch_size={config['train_batch_size']} must equal micro batch "
             f"{config['train_micro_batch_size_per_gpu']} x accumulation {config['gradient_accumulation_steps']} x "
-            f"data-parallel size {dp_size} = {expected}; set it to auto or fix {role}.training_args"
+            f"data-parallel size {dp_size}{_tp_note(tp_size)} = {expected}; set it to auto or fix {role}.training_args"
         )
     dtype = worker_config.model_args.dtype
     for precision in ("bf16", "fp16"):
@@ -77,6 +91,64 @@ def _check_zero(config: dict[str, Any], where: str) -> None:
             )
         if device == "nvme" and not zero[key].get("nvme_path"):
             raise ConfigError(f"{where}.zero_optimization.{key}.nvme_path must name a directory for nvme offload")
+
+
+def _check_tensor_parallel(config: dict[str, Any], worker_config: WorkerConfig, training: bool, where: str) -> int:
+    """Check the `tensor_parallel` block (DeepSpeed AutoTP) against the role; return the tensor-parallel size.
+
+    AutoTP shards the linear layers of each model replica over `autotp_size` consecutive ranks; the
+    role's ranks then form world_size / autotp_size data-parallel groups. The LM head must keep whole
+    vocabulary rows on every rank (roll's losses read full logits), so `vocab_parallel_lm_head`, which
+    DeepSpeed turns on by itself for some tied-embedding models, is set to false.
+    """
+    block = config.get("tensor_parallel")
+    if block is None:
+        return 1
+    field = f"{where}.tensor_parallel"
+    if not isinstance(block, dict):
+        raise ConfigError(f"{field}={block!r} must be a mapping such as {{autotp_size: 2}}")
+    for key in block:
+        if key not in TENSOR_PARALLEL_KEYS:
+            raise ConfigError(
+                f"{field}.{key} is not a tensor_parallel key a roll training role passes to DeepSpeed"
+                f"{closest_spelling(key, TENSOR_PARALLEL_KEYS)}; valid: {', '.join(TENSOR_PARALLEL_KEYS)}"
+            )
+    size = block.get("autotp_size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ConfigError(f"{field}.autotp_size={size!r} must be a whole number of ranks (0 or 1 turns AutoTP off)")
+    if size <= 1:
+        return 1
+    role, world = worker_config.name, worker_config.world_size or 1
+    if not training:
+        raise ConfigError(
+            f"{field}.autotp_size={size}: AutoTP is a deepspeed_train option in roll; drop the tensor_parallel "
+            f"block from {role}'s strategy_config (deepspeed_infer shards with ZeRO-3)"
+        )
+    if world % size:
+        raise ConfigError(
+            f"{field}.autotp_size={size} does not divide {role}'s {world} rank(s); set it to a divisor of {world} "
+            f"or change {role}.device_mapping"
+        )
+    if worker_config.model_args.lora_rank:
+        raise ConfigError(
+            f"{field}.autotp_size={size} with {role}.model_args.lora_rank={worker_config.model_args.lora_rank}: "
+            "AutoTP does not shard PEFT's LoRA layers; set lora_rank=0 or drop the tensor_parallel block"
+        )
+    if block.setdefault("vocab_parallel_lm_head", False) is not False:
+        raise ConfigError(
+            f"{field}.vocab_parallel_lm_head={block['vocab_parallel_lm_head']!r}: roll's losses need full-vocabulary "
+            "logits on every rank; set it to false or remove it"
+        )
+    return size
+
+
+def _tp_note(tp_size: int) -> str:
+    return f" (ranks / tensor_parallel.autotp_size {tp_size})" if tp_size > 1 else ""
+
+
+def tensor_parallel_size(config: dict[str, Any]) -> int:
+    """Ranks that share one model replica under AutoTP (1 without a tensor_parallel block)."""
+    return max(1, int((config.get("tensor_parallel") or {}).get("autotp_size", 0) or 0))
 
 
 def zero_stage(config: dict[str, Any]) -> int:

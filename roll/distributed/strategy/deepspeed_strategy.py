@@ -6,6 +6,7 @@ up (and check its config) without loading DeepSpeed.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -18,11 +19,13 @@ import torch
 
 from roll.configs.worker_config import GeneratingArguments, TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.rank_layout import rank_layout
 from roll.distributed.strategy.deepspeed_config import (
     check_infer_config,
     check_train_config,
     offloads_optimizer,
     resolve_deepspeed_config,
+    tensor_parallel_size,
     zero_stage,
 )
 from roll.distributed.strategy.hf_compute import (
@@ -33,7 +36,7 @@ from roll.distributed.strategy.hf_compute import (
 from roll.distributed.strategy.micro_batches import token_budget
 from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
-from roll.models.hf_weights import hf_named_weights
+from roll.models.hf_weights import Gather, hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
 
 if TYPE_CHECKING:
@@ -71,16 +74,31 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         seed_everything(self.worker_config.training_args.seed)
         self.ds_config = resolve_deepspeed_config(self.worker_config, training=self.training)
         self.zero_stage = zero_stage(self.ds_config)
-        self.weights_gathered_collectively = self.zero_stage == 3
+        self.tp_size = tensor_parallel_size(self.ds_config)
+        if self.tp_size > 1:
+            self._join_tensor_parallel_layout()
+        self.weights_gathered_collectively = self.zero_stage == 3 or self.tp_size > 1
         # transformers partitions weights while loading them as long as this object is alive.
         self._hf_ds_config = HfDeepSpeedConfig(self.ds_config) if self.zero_stage == 3 else None
         model = model_provider()
-        self.engine = patch_engine(self._build_engine(model))
-        # ZeRO-3 leaves each parameter's full shape in ds_shape; its own shape is the local partition's.
+        # Read before the engine shards anything: ZeRO-3 leaves each parameter's full shape in ds_shape (its own
+        # shape is the local partition's) and AutoTP replaces the layers it splits.
         self.weight_shapes = {
-            name: tuple(getattr(p, "ds_shape", p.shape))
-            for name, p in self.unwrapped_model.named_parameters(remove_duplicate=False)
+            name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters(remove_duplicate=False)
         }
+        self.engine = patch_engine(self._build_engine(model))
+
+    def _join_tensor_parallel_layout(self) -> None:
+        """Take this rank's place in the dp x tp grid AutoTP builds: tensor-parallel ranks consecutive.
+
+        DeepSpeed's mesh is (data_parallel, tensor_parallel) in row-major order, the order of
+        `rank_layout`, so the cluster's DP_COMPUTE dispatch hands each tensor-parallel group one shard.
+        """
+        self.worker.rank_info = rank_layout(self.worker.world_size, self.tp_size)[self.worker.rank]
+        # DeepSpeed 0.19 counts train_batch_size over every rank when it builds the engine but over the
+        # data-parallel ranks when ZeRO-3 partitions the model; left out, it is derived from micro batch x
+        # accumulation each time (resolve_deepspeed_config has checked the user's value).
+        self.ds_config.pop("train_batch_size", None)
 
     def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
         import deepspeed
@@ -145,6 +163,11 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         At ZeRO-3 every rank of the role must load the same buckets together: each parameter is
         gathered, overwritten with the full tensor and partitioned again.
         """
+        if self.tp_size > 1:
+            raise NotImplementedError(
+                f"{self.worker_config.name}: loading synced weights into AutoTP shards is not supported; "
+                "weights flow from a tensor-parallel training role, not into it"
+            )
         self.check_weights([spec_of(name, tensor) for name, tensor in named_tensors])
         import deepspeed
 
@@ -158,13 +181,22 @@ class DeepSpeedInferStrategy(InferenceStrategy):
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight in full by Hugging Face name, LoRA merged, on all ranks.
 
-        At stage 3 parameters are gathered a group at a time and copied; below it the tensors are
-        the parameters themselves, valid until the next optimizer step.
+        At stage 3, and under AutoTP, parameters are gathered a group at a time (over the data-parallel
+        ranks, then the tensor-parallel shards) and copied; otherwise the tensors are the parameters
+        themselves, valid until the next optimizer step.
         """
-        import deepspeed
+        yield from hf_named_weights(self.unwrapped_model, self._weight_gather())
 
-        gather = deepspeed.zero.GatheredParameters if self.zero_stage == 3 else None
-        yield from hf_named_weights(self.unwrapped_model, gather)
+    def _weight_gather(self) -> Gather | None:
+        if self.tp_size > 1:
+            from roll.third_party.deepspeed.autotp import gathered_parameters
+
+            return functools.partial(gathered_parameters, zero3=self.zero_stage == 3)
+        if self.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters
+        return None
 
     def shutdown(self) -> None:
         """Destroy the engine and leave the process group."""
@@ -184,6 +216,11 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
     def check_config(cls, worker_config: WorkerConfig) -> None:
         """The role's ZeRO block and training arguments fit together."""
         check_train_config(worker_config)
+
+    @classmethod
+    def model_parallel_size(cls, worker_config: WorkerConfig) -> int:
+        """AutoTP's `tensor_parallel.autotp_size` (1 without it): the ranks that share one model replica."""
+        return tensor_parallel_size(worker_config.strategy_args.strategy_config)
 
     def _build_engine(self, model: torch.nn.Module) -> deepspeed.DeepSpeedEngine:
         import deepspeed
@@ -282,7 +319,10 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         return torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average metrics over the data-parallel ranks, so every rank reports the global value."""
+        """Average metrics over the ranks, so every rank reports the global value.
+
+        Tensor-parallel peers computed the same values, so the mean over all ranks is the data-parallel mean.
+        """
         keys = sorted(metrics)
         values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(values)

@@ -37,7 +37,11 @@ def strategy_class(name: str) -> type[InferenceStrategy]:
 
 
 def check_strategy_args(role: WorkerConfig) -> None:
-    """Config-time check of a role's strategy: a known name, and a `strategy_config` its backend accepts."""
+    """Config-time check of a role's strategy: a known name, and a `strategy_config` its backend accepts.
+
+    It also records how many of the role's ranks the backend shards one model over, which sets the
+    role's data-parallel size (`WorkerConfig.dp_size`) for the batch arithmetic that follows.
+    """
     if role.strategy_args is None:
         return
     name = role.strategy_args.strategy_name
@@ -48,3 +52,4 @@ def check_strategy_args(role: WorkerConfig) -> None:
             f"{closest_spelling(name, strategies)}; valid names: {', '.join(sorted(strategies))}"
         )
     strategies[name].check_config(role)
+    role.model_parallel_size = strategies[name].model_parallel_size(role)

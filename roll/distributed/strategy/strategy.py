@@ -75,6 +75,11 @@ class InferenceStrategy(ABC):
         return issubclass(cls, TrainStrategy)
 
     @classmethod
+    def model_parallel_size(cls, worker_config: WorkerConfig) -> int:
+        """Ranks of the role that hold one model replica between them (1: every rank holds the whole model)."""
+        return 1
+
+    @classmethod
     def check_config(cls, worker_config: WorkerConfig) -> None:
         """Config-time check of the role's `strategy_config` (raise ConfigError naming the key); imports no engine."""
 

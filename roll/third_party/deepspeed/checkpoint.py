@@ -8,6 +8,9 @@ Layout of `save_dir`:
     <tag>/rng_rank<r>.pt       each rank's Python, NumPy and torch RNG states
     <tag>/state_universal/     made on first resume at another data-parallel size
 
+Under AutoTP (tensor_parallel.autotp_size > 1) DeepSpeed writes one model-states file per tensor-parallel
+rank; the marker records the tensor-parallel size, and a resume must use the same one.
+
 A save goes to `.<tag>.incomplete` first and is renamed once every rank has written; a crash
 mid-save leaves only that hidden directory, which is ignored and replaced by the next save.
 Ranks must share the filesystem of `save_dir`.
@@ -40,6 +43,10 @@ def _rank_and_world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _tensor_parallel_size(engine: Any) -> int:
+    return max(1, int(engine.autotp_size()))
+
+
 def save(engine: Any, save_dir: str, tag: str, client_state: dict[str, Any]) -> str:
     """Write checkpoint `save_dir/tag` from every rank; it becomes visible (and `latest`) only when complete."""
     rank, world = _rank_and_world()
@@ -54,7 +61,14 @@ def save(engine: Any, save_dir: str, tag: str, client_state: dict[str, Any]) -> 
     torch.save(rng, staging / f"rng_rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        meta = {"tag": tag, "dp_size": world, "zero_stage": engine.zero_optimization_stage(), "time": time.time()}
+        tp_size = _tensor_parallel_size(engine)
+        meta = {
+            "tag": tag,
+            "dp_size": world // tp_size,
+            "tp_size": tp_size,
+            "zero_stage": engine.zero_optimization_stage(),
+            "time": time.time(),
+        }
         (staging / MARKER).write_text(json.dumps(meta))
         if final.exists():
             retired = root / f".{tag}.retired"
@@ -82,13 +96,21 @@ def load(engine: Any, load_dir: str, tag: str | None = None) -> tuple[str, dict[
 
     When the checkpoint was written by a different number of data-parallel ranks and its optimizer
     states are partitioned, it is converted once to DeepSpeed's universal format and loaded from there.
+    A checkpoint of another tensor-parallel size is refused (ValueError naming both sizes).
     """
     rank, world = _rank_and_world()
     path = resolve_checkpoint(load_dir, tag)
     meta = json.loads((path / MARKER).read_text())
+    tp_size = _tensor_parallel_size(engine)
+    saved_tp = meta.get("tp_size", 1)
+    if saved_tp != tp_size:
+        raise ValueError(
+            f"{path} was written with tensor_parallel.autotp_size={saved_tp} and this role runs {tp_size}; "
+            f"resume with autotp_size={saved_tp} (the data-parallel size may differ)"
+        )
     partitioned = any((path / ENGINE_TAG).glob("*zero_pp_rank_*"))
     engine_tag = ENGINE_TAG
-    if meta["dp_size"] != world and partitioned:
+    if meta["dp_size"] != world // tp_size and partitioned:
         if rank == 0 and not (path / UNIVERSAL_TAG).is_dir():
             _convert_to_universal(path / ENGINE_TAG, path / UNIVERSAL_TAG)
         dist.barrier()
