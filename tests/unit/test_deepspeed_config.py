@@ -148,3 +148,65 @@ def test_the_configured_platform_decides_which_checks_run(
     }
     with pytest.raises(ConfigError, match=r"dtype=fp16 is not supported on this CPU"):
         from_dict(ClusterCheckConfig, data).validate()
+
+
+def autotp(size: object, **extra: object) -> dict:
+    """The ZeRO-2 block with a DeepSpeed AutoTP block."""
+    return ZERO2 | {"tensor_parallel": {"autotp_size": size, **extra}}
+
+
+def test_autotp_groups_ranks_into_data_parallel_groups() -> None:
+    actor = role(autotp(2), devices="0-3")
+    assert actor.model_parallel_size == 2 and actor.dp_size == 2
+    resolved = resolve_deepspeed_config(actor, training=True)
+    assert resolved["train_batch_size"] == 2 * 3 * 2  # micro x accumulation x (4 ranks / tp 2)
+    assert resolved["tensor_parallel"] == {"autotp_size": 2, "vocab_parallel_lm_head": False}
+    assert role(autotp(1), devices="0-3").dp_size == 4 and role(autotp(0), devices="0-3").dp_size == 4
+
+
+def test_autotp_batch_size_counts_data_parallel_groups_not_ranks() -> None:
+    with pytest.raises(ConfigError, match=r"data-parallel size 1 \(ranks / tensor_parallel.autotp_size 2\) = 6"):
+        role(autotp(2) | {"train_batch_size": 12})
+
+
+@pytest.mark.parametrize(
+    ("tensor_parallel", "message"),
+    [
+        ({"autotp_size": 3}, r"tensor_parallel.autotp_size=3 does not divide actor_train's 2 rank\(s\); set it to a"),
+        ({"autotp_size": -1}, r"tensor_parallel.autotp_size=-1 must be a whole number of ranks"),
+        ({"autotp_size": "2"}, r"tensor_parallel.autotp_size='2' must be a whole number of ranks"),
+        ({"autotp_size": True}, r"tensor_parallel.autotp_size=True must be a whole number of ranks"),
+        ({"autotp_sise": 2}, r"tensor_parallel.autotp_sise is not a tensor_parallel key .*did you mean 'autotp_size'"),
+        (
+            {"autotp_size": 2, "vocab_parallel_lm_head": True},
+            r"tensor_parallel.vocab_parallel_lm_head=True: roll's losses need full",
+        ),
+    ],
+)
+def test_bad_autotp_block_is_an_error_naming_the_field(tensor_parallel: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=r"actor_train.strategy_args.strategy_config." + message):
+        role(ZERO2 | {"tensor_parallel": tensor_parallel})
+
+
+def test_autotp_block_must_be_a_mapping() -> None:
+    with pytest.raises(ConfigError, match=r"strategy_config.tensor_parallel=2 must be a mapping such as"):
+        role(ZERO2 | {"tensor_parallel": 2})
+
+
+def test_autotp_is_refused_for_inference_and_lora() -> None:
+    with pytest.raises(ConfigError, match=r"autotp_size=2: AutoTP is a deepspeed_train option in roll"):
+        role(ZERO3 | {"tensor_parallel": {"autotp_size": 2}}, strategy="deepspeed_infer")
+    lora = WorkerConfig(
+        worker_cls="w.W",
+        device_mapping="0-1",
+        model_args=ModelArguments(lora_rank=8),
+        strategy_args=StrategyArguments(strategy_name="deepspeed_train", strategy_config=autotp(2)),
+    )
+    lora.resolve("actor_train", 2)
+    with pytest.raises(ConfigError, match=r"autotp_size=2 with actor_train.model_args.lora_rank=8: AutoTP does not"):
+        check_strategy_args(lora)
+
+
+@pytest.mark.parametrize("stage_block", [ZERO2, ZERO3, ZERO2 | {"zero_optimization": {"stage": 0}}])
+def test_autotp_combines_with_every_zero_stage(stage_block: dict) -> None:
+    assert role(stage_block | {"tensor_parallel": {"autotp_size": 2}}).dp_size == 1
