@@ -1,4 +1,5 @@
-"""Console entry points of the package: `roll-rlvr`, `roll-sft`, `roll-dpo`, `roll-rm`, and `roll-cluster-check`.
+"""Console entry points of the package: `roll-rlvr`, `roll-sft`, `roll-dpo`, `roll-rm`, `roll-distill`, and
+`roll-cluster-check`.
 
 Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
 `--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
@@ -18,6 +19,8 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
+from roll.pipeline.distill.distill_config import DistillConfig
+from roll.pipeline.distill.distill_pipeline import DistillPipeline
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
 from roll.pipeline.entry import run_pipeline
@@ -44,6 +47,7 @@ ENTRIES = {
     "sft": Entry(SFTConfig, SFTPipeline, "sft_arithmetic"),
     "dpo": Entry(DPOConfig, DPOPipeline, "dpo_arithmetic"),
     "rm": Entry(RMConfig, RMPipeline, "rm_arithmetic"),
+    "distill": Entry(DistillConfig, DistillPipeline, "distill_arithmetic"),
     "cluster_check": Entry(ClusterCheckConfig, ClusterCheckPipeline, "cluster_check"),
 }
 
@@ -80,6 +84,11 @@ def dpo() -> None:
 def rm() -> None:
     """`roll-rm`: reward-model training (Bradley-Terry), by default on arithmetic pairs (the correct answer chosen)."""
     run_entry("rm")
+
+
+def distill() -> None:
+    """`roll-distill`: offline knowledge distillation, by default of the main job's policy into a smaller tiny model."""
+    run_entry("distill")
 
 
 def cluster_check() -> None:

@@ -6,13 +6,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import Example, encode_prompts
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
+from roll.rewards.functions import math_reward
 
 Scorer = Callable[[DataProto], torch.Tensor]
+
+
+def answer_scorer(tokenizer: PreTrainedTokenizerBase) -> Scorer:
+    """Scores each generated row 1 when its decoded response states the row's `answer` (math_reward), else 0."""
+
+    def score(batch: DataProto) -> torch.Tensor:
+        texts = tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
+        answers = batch.non_tensor_batch["answer"]
+        return torch.tensor([math_reward("", text, answer) for text, answer in zip(texts, answers, strict=True)])
+
+    return score
 
 
 def greedy_accuracy(

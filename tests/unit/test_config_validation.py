@@ -28,6 +28,7 @@ from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError, Rule, field_rule, from_dict
 from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rm.rm_config import RMConfig
@@ -41,6 +42,7 @@ PIPELINES: dict[type[PipelineConfig], tuple[str, list[str]]] = {
     ClusterCheckConfig: ("cluster_check", []),
     DPOConfig: ("dpo_arithmetic", ["pretrain=tiny://qwen2"]),
     RMConfig: ("rm_arithmetic", ["pretrain=tiny://qwen2"]),
+    DistillConfig: ("distill_arithmetic", ["pretrain=tiny://qwen2"]),
 }
 ON_THIS_MACHINE = ["platform=cpu", "devices_per_node=2"]
 BLOCKS = yaml_names([CONFIG_DIR])
@@ -77,6 +79,7 @@ def test_every_field_declares_a_rule() -> None:
     expected = {"RLVRConfig", "RewardConfig", "SFTConfig", "ClusterCheckConfig", "DataArguments", "AlgorithmArguments"}
     expected |= {"DPOConfig", "PreferenceLossArguments", "PreferenceDataArguments"}
     expected |= {"RMConfig"}
+    expected |= {"DistillConfig", "DistillLossArguments"}
     expected |= {"WorkerConfig", "ModelArguments", "StrategyArguments", "TrainingArguments", "GeneratingArguments"}
     assert {c.__name__ for c in ALL_SCHEMAS} == expected  # PipelineConfig's fields are walked in each pipeline
     missing, unexplained = [], []

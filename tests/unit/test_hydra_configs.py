@@ -16,6 +16,7 @@ from roll.configs.schema import ConfigError
 from roll.datasets.gsm8k_format import write_gsm8k_format
 from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rm.rm_config import RMConfig
@@ -40,6 +41,7 @@ PIPELINE_SCHEMAS = {
     "rlvr_gsm8k_format": RLVRConfig,
     "dpo_arithmetic": DPOConfig,
     "rm_arithmetic": RMConfig,
+    "distill_arithmetic": DistillConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -47,6 +49,7 @@ SCHEMA_NODES = {
     "rlvr": RLVRConfig,
     "dpo": DPOConfig,
     "rm": RMConfig,
+    "distill": DistillConfig,
 }
 
 
@@ -97,7 +100,8 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     command of scripts/run.sh) or a downloaded model and data.
     """
     if "gsm8k" not in name and "gpu" not in name:
-        from_export = name.startswith(("rlvr", "dpo"))  # their YAML starts from the SFT export
+        # Their YAML starts from the SFT export, or (distill) takes the RLVR export as the teacher.
+        from_export = name.startswith(("rlvr", "dpo", "distill"))
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]
     paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
     files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]

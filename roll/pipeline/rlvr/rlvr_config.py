@@ -15,6 +15,7 @@ from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
 from roll.pipeline.checkpoint_state import load_driver_state
+from roll.pipeline.resumable import ResumableRun
 from roll.rewards.sandbox import import_reward_fn
 
 # The reward cluster that scores responses with a trained reward model (`roll-rm`'s export) instead of a function.
@@ -81,8 +82,8 @@ class RewardConfig(WorkerConfig):
 
 
 @dataclass
-class RLVRConfig(PipelineConfig):
-    """Reinforcement learning with verifiable rewards."""
+class RLVRConfig(ResumableRun, PipelineConfig):
+    """Reinforcement learning with verifiable rewards; the trained policy is exported as a HF directory."""
 
     exp_name: str = field(default="rlvr", metadata=check(EXP_NAME))
     pretrain: str = field(
@@ -98,6 +99,10 @@ class RLVRConfig(PipelineConfig):
     # A checkpoint directory, or "latest" under run_dir/checkpoints.
     resume_from_checkpoint: str = field(
         default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")
+    )
+    # Where the trained policy is written at the end (a teacher for roll-distill, or a model to serve).
+    export_dir: str = field(
+        default="", metadata=any_value("any directory to write the model to; empty = <run_dir>/model")
     )
     num_log_samples: int = field(default=2, metadata=check(ge=0))
     weight_sync_bucket_mb: int = field(default=64, metadata=check(ge=1))

@@ -351,7 +351,7 @@ class RLVRPipeline(BasePipeline):
         return state
 
     def run(self) -> dict[str, float]:
-        """Train for `max_steps`; print and return held-out accuracy before and after."""
+        """Train for `max_steps`, checkpoint, export the policy; print and return held-out accuracy before and after."""
         config = self.config
         start_step, accuracies = 0, []
         if config.resume_from_checkpoint:
@@ -381,10 +381,13 @@ class RLVRPipeline(BasePipeline):
             if config.save_steps and step % config.save_steps == 0 and step != config.max_steps:
                 self.save(step, accuracies)
         self.save(config.max_steps, accuracies)
+        self.residency.enter(phases.ACTOR_UPDATE)
+        export_dir = self.clusters["actor_train"].export_hf(config.model_export_dir)[0]
         plots = tracker.close()
         summary = {"val_accuracy_before": accuracies[0], "val_accuracy_after": accuracies[-1]}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"logs, TensorBoard events and plots ({len(plots)} PNG) in {tracker.log_dir}", flush=True)
+        print(f"policy exported to {export_dir}", flush=True)
         print(f"val accuracy {accuracies[0]:.2f} -> {accuracies[-1]:.2f}", flush=True)
         return summary
 

@@ -6,18 +6,14 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_demonstrations, load_splits, make_sampler, pad_token_id
-from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base_pipeline import BasePipeline
-from roll.pipeline.evaluation import greedy_accuracy
+from roll.pipeline.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.run_tracking import open_run_tracker
 from roll.pipeline.sft.sft_config import SFTConfig
-from roll.rewards.functions import math_reward
 from roll.utils.tracking import show_progress
 
 EXPORT_MARKER = "roll_sft.json"
@@ -43,11 +39,6 @@ class SFTPipeline(BasePipeline):
         self.sampler = make_sampler(self.train_examples, config.batch_size, config.seed, config.data.domain_weights)
         self.generating_args = GeneratingArguments(max_new_tokens=config.max_response_length)
 
-    def _score(self, batch: DataProto) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
-        answers = batch.non_tensor_batch["answer"]
-        return torch.tensor([math_reward("", t, a) for t, a in zip(texts, answers, strict=True)])
-
     def evaluate(self) -> float:
         """Greedy held-out accuracy of the model being trained."""
         accuracy, _ = greedy_accuracy(
@@ -55,7 +46,7 @@ class SFTPipeline(BasePipeline):
             self.eval_examples,
             self.pad_id,
             self.generating_args,
-            self._score,
+            answer_scorer(self.tokenizer),
         )
         return accuracy
 
