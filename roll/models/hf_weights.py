@@ -7,11 +7,10 @@ the plain base model, whether or not training used PEFT adapters.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
-from peft import PeftModel
-from peft.tuners.lora import LoraLayer
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from roll.configs.schema import closest_spelling
@@ -28,6 +27,12 @@ def _full_bytes(param: torch.nn.Parameter) -> int:
     return getattr(param, "ds_numel", param.numel()) * param.element_size()
 
 
+def _is_peft_model(model: torch.nn.Module) -> bool:
+    # peft costs a worker ~0.3 s of CPU to import; a model can only be a PeftModel once peft is loaded.
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
 def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(name, tensor)` for every weight of the plain model, on the parameters' device.
 
@@ -38,7 +43,7 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> It
     full-trained heads (`modules_to_save`) replace the originals, and the PEFT name prefixes are
     removed.
     """
-    if not isinstance(model, PeftModel):
+    if not _is_peft_model(model):
         named = list(model.named_parameters())
         if gather is None:
             for name, param in named:
@@ -49,6 +54,8 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> It
                 for name, param in group:
                     yield name, param.data.detach().clone()
         return
+    from peft.tuners.lora import LoraLayer
+
     gather = gather or (lambda params: contextlib.nullcontext())
     base = model.get_base_model()
     adapter = model.active_adapter

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from peft import LoraConfig, TaskType, get_peft_model
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -29,7 +28,7 @@ _AUTO_CLASSES = {
 }
 # PEFT's token and sequence classification tasks add the new head ("score" or "classifier") to
 # `modules_to_save`, so it trains in full next to the adapters.
-_PEFT_TASKS = {"causal_lm": TaskType.CAUSAL_LM, "value": TaskType.TOKEN_CLS, "reward": TaskType.SEQ_CLS}
+_PEFT_TASKS = {"causal_lm": "CAUSAL_LM", "value": "TOKEN_CLS", "reward": "SEQ_CLS"}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -84,6 +83,8 @@ def load_model(
         attn_implementation=model_args.attn_implementation,
     )
     if model_args.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model  # imported on use: peft costs every worker ~0.3 s of CPU
+
         lora_config = LoraConfig(
             task_type=_PEFT_TASKS[kind],
             r=model_args.lora_rank,
