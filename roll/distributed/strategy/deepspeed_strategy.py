@@ -78,8 +78,12 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         if self.tp_size > 1:
             self._join_tensor_parallel_layout()
         self.weights_gathered_collectively = self.zero_stage == 3 or self.tp_size > 1
-        # transformers partitions weights while loading them as long as this object is alive.
-        self._hf_ds_config = HfDeepSpeedConfig(self.ds_config) if self.zero_stage == 3 else None
+        # transformers partitions weights while loading them as long as this object is alive. Not under AutoTP:
+        # transformers 5.19 refuses to load a checkpoint while the DeepSpeed config has tensor_parallel ("Weight
+        # conversions ... with DeepSpeed Tensor Parallelism are not yet implemented"), so each rank loads the
+        # whole model and deepspeed.initialize shards it (AutoTP first, then ZeRO-3).
+        partitions_on_load = self.zero_stage == 3 and self.tp_size == 1
+        self._hf_ds_config = HfDeepSpeedConfig(self.ds_config) if partitions_on_load else None
         model = model_provider()
         # Read before the engine shards anything: ZeRO-3 leaves each parameter's full shape in ds_shape (its own
         # shape is the local partition's) and AutoTP replaces the layers it splits.
