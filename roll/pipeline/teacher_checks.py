@@ -17,14 +17,15 @@ from roll.models.tiny import TINY_SCHEME, build_char_tokenizer
 RUN_SH_EXPORT = "<output_dir>/rlvr/model"
 
 
-def check_teacher_model(teacher: WorkerConfig) -> None:
-    """A missing teacher directory is most often the main job's export not written yet: say how to write it."""
+def check_teacher_model(name: str, teacher: WorkerConfig) -> None:
+    """A missing directory for teacher role `name` is most often the main job's export not written yet: say how to
+    write it (checked before the roles resolve, which would only say that the directory is missing)."""
     path = teacher.model_args.model_name_or_path
     if path and not path.startswith(TINY_SCHEME) and not Path(path).expanduser().is_dir():
         raise ConfigError(
-            f"{teacher.name}.model_args.model_name_or_path={path!r} does not exist: the default teacher is the policy "
+            f"{name}.model_args.model_name_or_path={path!r} does not exist: the default teacher is the policy "
             f"`bash scripts/run.sh` trains (SFT, then RLVR) and exports to {RUN_SH_EXPORT}; run it first, or set "
-            f"{teacher.name}.model_args.model_name_or_path (or pretrain, which it defaults to) to a model directory"
+            f"{name}.model_args.model_name_or_path to a model directory"
         )
 
 

@@ -22,6 +22,7 @@ PLOTTED = {
     "response_length": "rollout/response_length_mean",
     "preference_accuracy": "val/preference_accuracy",
     "reward_margin": "actor/rewards/margin",
+    "distillation_kl": "student/kl",
 }
 
 

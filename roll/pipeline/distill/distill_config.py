@@ -61,7 +61,7 @@ class DistillConfig(TrainingRunConfig):
     def validate(self) -> None:
         """Roles (a frozen teacher scoring sequences, a trained student of its tokenizer), one step's rows, the loss
         options, then models, lengths, data, memory and the checkpoint to resume from."""
-        check_teacher_model(self.teacher)
+        check_teacher_model("teacher", self.teacher)
         super().validate()
         teacher, student = self.teacher, self.student
         check_teacher_strategy(teacher)
