@@ -44,6 +44,7 @@ def dry_run_report(config: PipelineConfig, nodes: list[NodeResources] | None = N
         f"== placement ({config.num_nodes} node(s) x {config.devices_per_node} device(s), "
         f"platform {config.platform}; {where})",
         *plan.format(),
+        *_model_parallel_lines(config),
         "== batches",
         *(config.batch_plan() or ["(this pipeline has no batch arithmetic)"]),
         "== memory per rank (an estimate; docs/memory_estimate.md compares it with measured runs)",
@@ -61,6 +62,16 @@ def dry_run_report(config: PipelineConfig, nodes: list[NodeResources] | None = N
     if over:
         lines.append(f"warning: the estimate of {', '.join(over)} exceeds its memory; see the breakdown above")
     return lines
+
+
+def _model_parallel_lines(config: PipelineConfig) -> list[str]:
+    """How the ranks of each role that shards its model across workers (AutoTP) form data-parallel groups."""
+    return [
+        f"{name}: {role.world_size} ranks = {role.dp_size} data-parallel group(s) x {role.model_parallel_size} "
+        f"tensor-parallel ranks (consecutive ranks, one batch shard per group; the batch lines count groups)"
+        for name, role in config.roles().items()
+        if role.model_parallel_size > 1
+    ]
 
 
 def _estimate(config: PipelineConfig, plan: PlacementPlan, name: str, role: WorkerConfig) -> RankEstimate | None:

@@ -1,4 +1,4 @@
-"""AutoTP without an engine: the gather of fake shards, the checkpoint's tensor-parallel check, the memory estimate."""
+"""AutoTP without an engine: the gather of fake shards, the checkpoint's tensor-parallel check, the dry-run plan."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from roll.configs.schema import ConfigError
 from roll.configs.worker_config import ModelArguments, StrategyArguments, WorkerConfig
 from roll.distributed.strategy.registry import check_strategy_args
 from roll.models.hf_weights import hf_named_weights
@@ -18,6 +19,7 @@ from roll.models.memory_estimate import estimate_rank
 from roll.third_party.deepspeed import checkpoint
 from roll.third_party.deepspeed.autotp import gathered_parameters, tensor_parallel_layer
 from tests.conftest import CONFIG_DIR
+from tests.unit.test_dry_run import report
 
 
 class FakeColumnShard(torch.nn.Module):
@@ -115,3 +117,16 @@ def test_memory_estimate_splits_the_linear_layers_and_shards_zero_over_data_para
     assert resident(split, "params") // 2 == plain_params - linear // 2
     assert resident(split, "Adam m+v") == 8 * -(-(plain_params - linear // 2) // 2)
     assert any("4 ranks = 2 data-parallel x 2 tensor-parallel" in note for note in split.notes)
+
+
+def test_dry_run_plans_data_parallel_groups_of_tensor_parallel_ranks() -> None:
+    autotp = "+actor_train.strategy_args.strategy_config.tensor_parallel.autotp_size=2"
+    lines = report(
+        "sft_arithmetic", "devices_per_node=2", autotp, "actor_train.training_args.gradient_accumulation_steps=2"
+    )
+    text = "\n".join(lines)
+    assert "actor_train: 2 ranks = 1 data-parallel group(s) x 2 tensor-parallel ranks" in text
+    assert "64 demonstrations per optimizer step = 1 rank(s) x micro-batches of 32 x 2 accumulation" in text
+    assert "note: 2 ranks = 1 data-parallel x 2 tensor-parallel" in text
+    with pytest.raises(ConfigError, match=r"batch_size=64 must equal .* dp size = 32"):
+        report("sft_arithmetic", "devices_per_node=2", autotp)
