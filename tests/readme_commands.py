@@ -175,6 +175,9 @@ VERDICTS: dict[str, Run | Skip] = {
     "roll-dpo loss.loss_type=ipo max_steps=100": Run(
         "roll-dpo loss.loss_type=ipo max_steps=100 dry_run=true", standalone=True
     ),
+    "roll-dpo loss.loss_type=kto data.format=unpaired batch_size=64": Run(
+        "roll-dpo loss.loss_type=kto data.format=unpaired batch_size=64 dry_run=true", standalone=True
+    ),
     "roll-dpo 'actor_train.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-dpo 'actor_train.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
     ),

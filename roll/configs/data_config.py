@@ -1,4 +1,4 @@
-"""Where a pipeline's prompts, demonstrations and preference pairs come from (RLVR and SFT; DPO)."""
+"""Where a pipeline's prompts, demonstrations and preference data come from (RLVR and SFT; DPO and RM)."""
 
 from __future__ import annotations
 
@@ -61,11 +61,37 @@ class DataArguments(SourceArguments):
     )
 
 
+# The rows of preference-style training data: pairs (a prompt, a chosen and a rejected response), unpaired
+# completions labelled desirable or not (KTO), or responses made of steps, each labelled correct or not (a
+# process reward model).
+PreferenceDataFormat = Literal["pairs", "unpaired", "steps"]
+# The data fields that apply to one format only.
+FORMAT_FIELDS: dict[str, tuple[str, ...]] = {
+    "pairs": ("chosen_key", "rejected_key"),
+    "unpaired": ("completion_key", "label_key"),
+    "steps": ("steps_key", "step_labels_key", "step_separator"),
+}
+# The model's rows per example of each format: a pair is its chosen and its rejected response.
+ROWS_PER_EXAMPLE: dict[str, int] = {"pairs": 2, "unpaired": 1, "steps": 1}
+
+
 @dataclass
 class PreferenceDataArguments(SourceArguments):
-    """Preference pairs: a prompt with a chosen and a rejected response (data files, or the built-in arithmetic
-    task's pairs of the correct answer over a wrong one when both files are empty)."""
+    """Preference data in one of three formats (`format`), from data files or, when both are empty, built from the
+    arithmetic task: pairs (the correct answer chosen over a wrong one near it), unpaired completions (one answer
+    per problem, labelled desirable when correct) or step-labelled responses (a multi-step sum)."""
 
+    format: PreferenceDataFormat = "pairs"
     # Each holds the response as text, or as a conversation whose last turn is the assistant's response.
     chosen_key: str = field(default="chosen", metadata=_COLUMN)
     rejected_key: str = field(default="rejected", metadata=_COLUMN)
+    # format=unpaired (TRL's KTO columns): the completion (as chosen_key), and its label: 1/true when desirable.
+    completion_key: str = field(default="completion", metadata=_COLUMN)
+    label_key: str = field(default="label", metadata=_COLUMN)
+    # format=steps (TRL's process-supervision columns): the list of steps and the list of their labels (1/true:
+    # the step is correct); the response is the steps, each followed by `step_separator`.
+    steps_key: str = field(default="completions", metadata=_COLUMN)
+    step_labels_key: str = field(default="labels", metadata=_COLUMN)
+    step_separator: str = field(
+        default="\n", metadata=check(nonempty=True, expect="the text after each step, e.g. '\\n' or ' ки'")
+    )

@@ -7,16 +7,16 @@ tokenised and length-checked like SFT demonstrations (`roll.datasets.prompt_data
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import datasets
 from transformers import PreTrainedTokenizerBase
 
 from roll.configs.data_config import DEFAULT_DOMAIN, PreferenceDataArguments
 from roll.configs.schema import ConfigError
-from roll.datasets.arithmetic import wrong_answers
+from roll.datasets.arithmetic import Problem, wrong_answers
 from roll.datasets.prompt_dataset import (
     Example,
     encode_demonstrations,
@@ -45,19 +45,36 @@ def load_preference_splits(
 
     Pairs whose prompt or either response is too long are dropped or refused as `data.too_long` says.
     """
+    return read_splits(
+        data, tokenizer, max_response_length, to_preference_rows, arithmetic_preference_table, tokenize_pairs
+    )
+
+
+T = TypeVar("T")
+
+
+def read_splits(
+    data: PreferenceDataArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    max_response_length: int,
+    from_file: Callable[[datasets.Dataset, PreferenceDataArguments, str], datasets.Dataset],
+    built_in: Callable[[Sequence[Problem], int], datasets.Dataset],
+    tokenize: Callable[[datasets.Dataset, PreTrainedTokenizerBase, PreferenceDataArguments, int, str], list[T]],
+) -> tuple[list[T], list[T]]:
+    """The train and held-out examples of one preference format: the data files mapped onto its columns by
+    `from_file`, else the arithmetic task's splits made into its rows by `built_in` (given `data.task_seed`),
+    then tokenised (too-long rows handled) by `tokenize`."""
     with quiet_progress():
         tables = split_tables(
             data,
-            lambda table, source: to_preference_rows(table, data, source),
-            lambda problems: arithmetic_preference_table(problems, data.task_seed),
+            lambda table, source: from_file(table, data, source),
+            lambda problems: built_in(problems, data.task_seed),
         )
-        train, held_out = (
-            tokenize_pairs(table, tokenizer, data, max_response_length, source) for table, source in tables
-        )
+        train, held_out = (tokenize(table, tokenizer, data, max_response_length, source) for table, source in tables)
         return train, held_out
 
 
-def arithmetic_preference_table(problems: Sequence[Any], seed: int) -> datasets.Dataset:
+def arithmetic_preference_table(problems: Sequence[Problem], seed: int) -> datasets.Dataset:
     """The arithmetic `problems` as preference rows: the correct answer chosen, a wrong one near it rejected."""
     return datasets.Dataset.from_list(
         [
@@ -69,19 +86,28 @@ def arithmetic_preference_table(problems: Sequence[Any], seed: int) -> datasets.
 
 def to_preference_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: str) -> datasets.Dataset:
     """`table` mapped onto (messages, chosen, rejected) through `data.prompt_key`, `chosen_key` and `rejected_key`."""
+    return map_columns(table, data, ("prompt_key", "chosen_key", "rejected_key"), _normalize, source, "reading pairs")
+
+
+def map_columns(
+    table: datasets.Dataset,
+    data: PreferenceDataArguments,
+    settings: tuple[str, ...],
+    normalize: Callable[..., dict[str, Any]],
+    source: str,
+    desc: str,
+) -> datasets.Dataset:
+    """`table`'s rows replaced by `normalize(row, index, source=..., **{setting: data.<setting>})`, after checking
+    that `table` has the column each `data.<setting>` names."""
     columns = table.column_names
-    for setting in ("prompt_key", "chosen_key", "rejected_key"):
+    for setting in settings:
         key = getattr(data, setting)
         if key not in columns:
             existing = ", ".join(repr(c) for c in columns)
             raise ConfigError(f"{source}: no column {key!r} (data.{setting}); its columns are {existing}")
-    keys = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
+    keys = {setting: getattr(data, setting) for setting in settings}
     return table.map(
-        _normalize,
-        with_indices=True,
-        fn_kwargs={**keys, "source": source},
-        remove_columns=columns,
-        desc="reading pairs",
+        normalize, with_indices=True, fn_kwargs={**keys, "source": source}, remove_columns=columns, desc=desc
     )
 
 
@@ -89,24 +115,27 @@ def _normalize(
     row: dict[str, Any], index: int, prompt_key: str, chosen_key: str, rejected_key: str, source: str
 ) -> dict[str, Any]:
     where = f"{source} row {index}"
-    prompt = row[prompt_key]
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-    else:
-        messages, answer = split_conversation(prompt, where)
-        if answer is not None:
-            raise ConfigError(
-                f"{where}: the prompt (data.prompt_key={prompt_key!r}) ends with an assistant turn; "
-                "a preference prompt ends with the user's turn, its responses are in the chosen and rejected columns"
-            )
     return {
-        "messages": messages,
-        "chosen": _response_text(row[chosen_key], where, f"data.chosen_key={chosen_key!r}"),
-        "rejected": _response_text(row[rejected_key], where, f"data.rejected_key={rejected_key!r}"),
+        "messages": prompt_messages(row[prompt_key], where, prompt_key),
+        "chosen": response_text(row[chosen_key], where, f"data.chosen_key={chosen_key!r}"),
+        "rejected": response_text(row[rejected_key], where, f"data.rejected_key={rejected_key!r}"),
     }
 
 
-def _response_text(value: Any, where: str, setting: str) -> str:
+def prompt_messages(prompt: Any, where: str, prompt_key: str) -> list[dict[str, str]]:
+    """A prompt given as text, or as a conversation ending with the user's turn, as a list of messages."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    messages, answer = split_conversation(prompt, where)
+    if answer is not None:
+        raise ConfigError(
+            f"{where}: the prompt (data.prompt_key={prompt_key!r}) ends with an assistant turn; a preference "
+            "prompt ends with the user's turn, its responses are in their own columns"
+        )
+    return messages
+
+
+def response_text(value: Any, where: str, setting: str) -> str:
     """A response given as text, or as a conversation whose last turn is the assistant's."""
     if isinstance(value, str):
         return value

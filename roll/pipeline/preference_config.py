@@ -1,10 +1,10 @@
-"""What the configs of pipelines trained on preference pairs share: schedule, pairs, lengths, export and resume."""
+"""What the configs of pipelines trained on preference data share: schedule, examples, lengths, export and resume."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll.configs.data_config import PreferenceDataArguments
+from roll.configs.data_config import FORMAT_FIELDS, ROWS_PER_EXAMPLE, PreferenceDataArguments
 from roll.configs.schema import ConfigError, any_value, check, checked_in_validate
 from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import arithmetic_problems
@@ -13,17 +13,22 @@ from roll.models.model_providers import load_tokenizer
 from roll.pipeline.base_config import PipelineConfig
 from roll.pipeline.resumable import ResumableRun
 
+# What one training example of each data format is called in messages.
+EXAMPLE_NOUNS = {"pairs": "pairs", "unpaired": "labelled completions", "steps": "step-labelled responses"}
+
 
 @dataclass
 class PreferenceRunConfig(ResumableRun, PipelineConfig):
-    """A run of `max_steps` steps of `batch_size` preference pairs, evaluated on held-out pairs, checkpointed
-    and exported (the base of the DPO and reward-model configs)."""
+    """A run of `max_steps` steps of `batch_size` preference examples (pairs, labelled completions or step-labelled
+    responses: `data.format`), evaluated on held-out ones, checkpointed and exported (the base of the DPO and
+    reward-model configs)."""
 
     pretrain: str = field(
         default="", metadata=any_value("only interpolated (${pretrain}) into model paths, which validate() checks")
     )
     max_steps: int = field(default=100, metadata=check(ge=1))
-    # Preference pairs per optimizer step over all ranks (each pair is two rows: chosen and rejected).
+    # Examples per optimizer step over all ranks: pairs (two rows each: chosen and rejected), labelled completions
+    # or step-labelled responses (one row each), as `data.format` says.
     batch_size: int = field(default=32, metadata=check(ge=1))
     # Held-out evaluation every N steps (and before the first and after the last).
     eval_steps: int = field(default=25, metadata=check(ge=1))
@@ -43,31 +48,49 @@ class PreferenceRunConfig(ResumableRun, PipelineConfig):
         """The longest prompt and the longest response."""
         return self.data.max_prompt_length, self.max_response_length, None
 
-    def check_pair_training(self, name: str, role: WorkerConfig) -> None:
-        """Role `name` trains, every micro-batch holds whole pairs, and one optimizer step is `batch_size` pairs."""
+    def rows_per_example(self) -> int:
+        """The model's rows per training example: 2 for pairs (chosen and rejected), 1 otherwise."""
+        return ROWS_PER_EXAMPLE[self.data.format]
+
+    def check_format_fields(self) -> None:
+        """The data fields of formats other than `data.format` keep their defaults (they would be ignored)."""
+        defaults = PreferenceDataArguments()
+        for data_format, names in FORMAT_FIELDS.items():
+            for name in names:
+                value = getattr(self.data, name)
+                if data_format != self.data.format and value != getattr(defaults, name):
+                    raise ConfigError(
+                        f"data.{name}={value!r} applies to data.format={data_format} only, not "
+                        f"{self.data.format}; leave it out"
+                    )
+
+    def check_example_training(self, name: str, role: WorkerConfig) -> None:
+        """Role `name` trains, every micro-batch holds whole examples (a pair's two rows together), and one
+        optimizer step is `batch_size` examples."""
         strategy = role.strategy_args.strategy_name if role.strategy_args else None
         if strategy is None or not strategy_class(strategy).trains():
             raise ConfigError(f"{name}.strategy_args.strategy_name={strategy} does not train; use deepspeed_train")
-        args = role.training_args
-        if args.per_device_train_batch_size % 2:
+        args, rows = role.training_args, self.rows_per_example()
+        if args.per_device_train_batch_size % rows:
             raise ConfigError(
                 f"{name}.training_args.per_device_train_batch_size={args.per_device_train_batch_size} must be "
                 "even: a micro-batch holds whole pairs (a chosen and a rejected row each)"
             )
         if role.max_tokens_per_microbatch is not None:
             raise ConfigError(
-                f"{name}.max_tokens_per_microbatch must be null: a token budget regroups (or packs) rows, which "
-                "would split a pair's chosen and rejected rows over micro-batches"
+                f"{name}.max_tokens_per_microbatch must be null: a token budget regroups (or packs) rows into "
+                "micro-batches of unequal size (splitting a pair's rows), and the loss averages each micro-batch alike"
             )
         step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * role.dp_size
-        if 2 * self.batch_size != step_rows:
+        if rows * self.batch_size != step_rows:
             raise ConfigError(
-                f"batch_size={self.batch_size} pairs are {2 * self.batch_size} rows, which must equal {name} "
-                f"per_device_train_batch_size x gradient_accumulation_steps x dp size = {step_rows}"
+                f"batch_size={self.batch_size} {EXAMPLE_NOUNS[self.data.format]} are {rows * self.batch_size} "
+                f"rows, which must equal {name} per_device_train_batch_size x gradient_accumulation_steps x "
+                f"dp size = {step_rows}"
             )
 
     def check_inputs(self, roles: list[WorkerConfig]) -> None:
-        """The roles' models parse and fit the pairs' lengths, the pairs read with the first role's tokenizer,
+        """The roles' models parse and fit the examples' lengths, the data reads with the first role's tokenizer,
         and a `resume_from_checkpoint` names a complete checkpoint."""
         facts = self.check_models(roles)
         tokens = self.data.max_prompt_length + self.max_response_length
@@ -76,24 +99,24 @@ class PreferenceRunConfig(ResumableRun, PipelineConfig):
             tokens,
             f"data.max_prompt_length={self.data.max_prompt_length} + max_response_length={self.max_response_length}",
         )
-        self.check_pairs(roles[0].model_args.model_name_or_path)
+        self.check_examples(roles[0].model_args.model_name_or_path)
         self.check_resume()
 
-    def check_pairs(self, model_path: str) -> None:
-        """The pair files read (with `model_path`'s tokenizer), map onto the columns and fit the lengths; training
-        holds one batch of pairs."""
-        data = self.data
+    def check_examples(self, model_path: str) -> None:
+        """The data files read (with `model_path`'s tokenizer) in `data.format`, map onto the columns and fit the
+        lengths; training holds one batch of examples."""
+        data, noun = self.data, EXAMPLE_NOUNS[self.data.format]
         if data.train_file or data.eval_file:
             # Imported here: `datasets` takes seconds to import, and a config without data files never needs it.
-            from roll.datasets.preference_dataset import load_preference_splits
+            from roll.datasets.preference_formats import load_format_splits
 
             tokenizer = load_tokenizer(model_path)
-            pairs = len(load_preference_splits(data, tokenizer, self.max_response_length)[0])
+            examples = len(load_format_splits(data, tokenizer, self.max_response_length)[0])
             source = f"data.train_file={data.train_file!r}"
         else:
-            pairs, source = len(arithmetic_problems(seed=data.task_seed)[0]), "the built-in arithmetic pairs"
-        if self.batch_size > pairs:
+            examples, source = len(arithmetic_problems(seed=data.task_seed)[0]), f"the built-in arithmetic {noun}"
+        if self.batch_size > examples:
             raise ConfigError(
-                f"batch_size={self.batch_size} is more than the {pairs} training pairs of {source}; "
-                "lower batch_size or add pairs"
+                f"batch_size={self.batch_size} is more than the {examples} training {noun} of {source}; "
+                f"lower batch_size or add {noun}"
             )

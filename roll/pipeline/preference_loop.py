@@ -1,4 +1,4 @@
-"""The driver loop of a pipeline trained on preference pairs: steps, held-out evaluation, checkpoints, resume, export.
+"""The driver loop of a pipeline trained on preference data: steps, held-out evaluation, checkpoints, resume, export.
 
 A subclass (DPO, the reward model) starts its clusters and supplies one step, the held-out
 evaluation and how their numbers are shown.
@@ -10,8 +10,9 @@ import json
 import time
 from pathlib import Path
 
-from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
+from roll.datasets.preference_formats import encode_examples, load_format_splits
 from roll.datasets.prompt_dataset import PromptSampler, pad_token_id
+from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline import checkpoint_state
@@ -22,7 +23,7 @@ from roll.utils.tracking import show_progress
 
 
 class PreferenceRunPipeline(BasePipeline):
-    """Trains `trained_role` on batches of pairs for `max_steps`, evaluating before, every `eval_steps` and after."""
+    """Trains `trained_role` on batches of examples for `max_steps`, evaluating before, every `eval_steps` and after."""
 
     config: PreferenceRunConfig
     trained_role: str
@@ -34,13 +35,17 @@ class PreferenceRunPipeline(BasePipeline):
             resolve_model_path(role.model_args.model_name_or_path)  # build tiny models once, here
         tokenizer = load_tokenizer(config.roles()[self.trained_role].model_args.model_name_or_path)
         self.pad_id = pad_token_id(tokenizer)
-        train_pairs, eval_pairs = load_preference_splits(config.data, tokenizer, config.max_response_length)
-        self.sampler = PromptSampler(train_pairs, config.batch_size, config.seed)
-        self.eval_batch = encode_pairs(eval_pairs[: config.eval_batch_size or None], self.pad_id)
+        train, held_out = load_format_splits(config.data, tokenizer, config.max_response_length)
+        self.sampler = PromptSampler(train, config.batch_size, config.seed)
+        self.eval_batch = self.encode(held_out[: config.eval_batch_size or None])
         self.run_dir = Path(config.run_dir)
 
+    def encode(self, examples: list) -> DataProto:
+        """`examples` of `data.format` as the rows the models score (a pair is two rows: chosen, rejected)."""
+        return encode_examples(examples, self.config.data.format, self.pad_id)
+
     def step(self) -> dict[str, float]:
-        """One optimizer step on the next batch of pairs; its metrics."""
+        """One optimizer step on the next batch of examples; its metrics."""
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:

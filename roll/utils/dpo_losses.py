@@ -51,29 +51,39 @@ def dpo_loss(
     return losses, chosen_rewards, rejected_rewards
 
 
+def kto_reference_point(policy_mismatched: torch.Tensor, reference_mismatched: torch.Tensor) -> torch.Tensor:
+    """KTO's reference point z0: the batch's estimate of KL(pi || pi_ref), clamped at 0 and detached.
+
+    The inputs are sequence log-probs of mismatched rows (a prompt of the batch with the completion of
+    another prompt of the batch), as in the KTO paper (Ethayarajh et al. 2024, eq. 4): z0 =
+    max(0, mean(log pi(y'|x) - log pi_ref(y'|x))). Rows whose completion answers their own prompt
+    would measure how the policy moved on the training targets, not its drift in general.
+    """
+    return (policy_mismatched - reference_mismatched).mean().detach().clamp(min=0)
+
+
 def kto_loss(
     policy: torch.Tensor,
     reference: torch.Tensor,
     desirable: torch.Tensor,
+    reference_point: torch.Tensor | float,
     beta: float,
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """KTO's per-row losses on unpaired responses, their (detached) implicit rewards and the reference point.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KTO's per-row losses on unpaired completions and their (detached) implicit rewards.
 
-    With r = log pi(y) - log pi_ref(y) and the reference point z = max(0, mean of r over the batch), detached:
-    a desirable row's loss is w_d (1 - sigmoid(beta (r - z))), an undesirable row's w_u (1 - sigmoid(beta (z - r))).
-    KTO estimates z as the KL between policy and reference; the batch's mean log-ratio is that estimate
-    from the rows at hand (no extra forward pass over mismatched prompt-response pairs, as TRL makes).
+    With r = log pi(y|x) - log pi_ref(y|x) and the reference point z0 (`kto_reference_point`, no
+    gradient): a desirable row's loss is w_d (1 - sigmoid(beta (r - z0))), an undesirable row's
+    w_u (1 - sigmoid(beta (z0 - r))); the implicit reward is beta r.
     """
     log_ratio = policy - reference
-    reference_point = log_ratio.mean().detach().clamp(min=0)
     losses = torch.where(
         desirable.bool(),
         desirable_weight * (1 - torch.sigmoid(beta * (log_ratio - reference_point))),
         undesirable_weight * (1 - torch.sigmoid(beta * (reference_point - log_ratio))),
     )
-    return losses, beta * log_ratio.detach(), reference_point
+    return losses, beta * log_ratio.detach()
 
 
 def ranking_accuracy(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,28 @@ def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, t
     _, resumed = run(make_config(tmp_path, "resume_from_checkpoint=step_1"))
     assert [row["step"] for row in resumed] == [0, 1, 2]
     assert resumed[2]["actor/loss"] == pytest.approx(rows[2]["actor/loss"], rel=1e-4)
+
+
+def test_kto_on_unpaired_completions_weights_each_class(ray_session: None, tmp_path: Path) -> None:
+    """Two KTO steps of 8 labelled completions, one rank per role: step 1 starts at the reference (every reward
+    and z0 are 0), so its loss is the class weights' average of 1 - sigmoid(0) = 0.5."""
+    overrides = [
+        "loss.loss_type=kto",
+        "data.format=unpaired",
+        "loss.kto_desirable_weight=2.0",
+        "save_steps=0",
+        "actor_train.device_mapping=0",
+        "reference.device_mapping=0",
+        "devices_per_node=1",
+    ]
+    summary, rows = run(make_config(tmp_path, *overrides))
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    first, second = rows[1], rows[2]
+    desirable, undesirable = first["actor/kto/desirable_rows"], first["actor/kto/undesirable_rows"]
+    assert desirable + undesirable == 8 and desirable > 0 and undesirable > 0
+    assert first["actor/loss"] == pytest.approx((2 * 0.5 * desirable + 0.5 * undesirable) / 8, abs=1e-4)
+    assert first["actor/kto/reference_point"] == 0 and abs(first["actor/kto/mismatched_log_ratio"]) < 1e-4
+    assert abs(first["actor/rewards/margin"]) < 1e-4 and second["actor/rewards/margin"] != 0
+    assert rows[0]["val/preference_accuracy"] == 0.5  # policy = reference: every (desirable, undesirable) pair ties
+    assert summary["val_preference_accuracy_after"] == second["val/preference_accuracy"]
+    assert (tmp_path / "dpo" / "model" / "model.safetensors").is_file()

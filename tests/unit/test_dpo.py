@@ -16,8 +16,8 @@ from roll.datasets.arithmetic import arithmetic_problems, wrong_answers
 from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.dpo.dpo_config import DPOConfig, PreferenceLossArguments
-from roll.pipeline.dpo.dpo_worker import preference_objective
-from roll.utils.dpo_losses import dpo_loss, kto_loss, ranking_accuracy, sequence_log_probs
+from roll.pipeline.dpo.dpo_worker import pair_objective
+from roll.utils.dpo_losses import dpo_loss, ranking_accuracy, sequence_log_probs
 from tests.conftest import CONFIG_DIR
 from tests.unit.test_hydra_configs import compose_config
 
@@ -61,32 +61,6 @@ def test_dpo_gradient_raises_the_chosen_and_lowers_the_rejected() -> None:
     assert chosen.grad.item() == pytest.approx(-BETA * 0.5) and rejected.grad.item() == pytest.approx(BETA * 0.5)
 
 
-def test_kto_by_hand_with_the_batch_reference_point() -> None:
-    # log-ratios 2, 1, 0: reference point z = their mean, 1.
-    losses, rewards, point = kto_loss(
-        torch.tensor([0.0, -1.0, -2.0]), torch.full((3,), -2.0), torch.tensor([True, False, False]), beta=BETA
-    )
-    sigmoid = torch.sigmoid
-    expected = [1 - sigmoid(torch.tensor(0.5)), 1 - sigmoid(torch.tensor(0.0)), 1 - sigmoid(torch.tensor(0.5))]
-    assert point.item() == pytest.approx(1.0)
-    assert torch.allclose(losses, torch.stack(expected))
-    assert torch.allclose(rewards, torch.tensor([1.0, 0.5, 0.0]))
-
-
-def test_kto_reference_point_is_never_negative_and_weights_scale_each_side() -> None:
-    # log-ratios -1, -1: their mean is clamped to 0.
-    losses, _, point = kto_loss(
-        torch.tensor([-3.0, -3.0]),
-        torch.tensor([-2.0, -2.0]),
-        torch.tensor([True, False]),
-        beta=BETA,
-        desirable_weight=2.0,
-        undesirable_weight=3.0,
-    )
-    assert point.item() == 0.0
-    assert torch.allclose(losses, torch.tensor([2 * 0.6224593, 3 * 0.3775407]))
-
-
 def test_sequence_log_probs_sum_or_average_the_masked_tokens() -> None:
     tokens = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -101,12 +75,10 @@ def test_ranking_accuracy_counts_a_tie_half() -> None:
 def test_the_objective_reads_interleaved_rows_as_pairs() -> None:
     policy = torch.stack([POLICY_CHOSEN, POLICY_REJECTED], dim=1).flatten()  # chosen, rejected, chosen, rejected
     reference = torch.stack([REFERENCE_CHOSEN, REFERENCE_REJECTED], dim=1).flatten()
-    loss, metrics = preference_objective(policy, reference, PreferenceLossArguments(beta=BETA))
+    loss, metrics = pair_objective(policy, reference, PreferenceLossArguments(beta=BETA))
     assert loss.item() == pytest.approx((0.3132617 + 0.9740770) / 2, abs=1e-6)
     assert metrics["rewards/margin"].item() == pytest.approx((1.0 - 0.5) / 2)
     assert metrics["rewards/accuracy"].item() == 0.5
-    kto, metrics = preference_objective(policy, reference, PreferenceLossArguments(loss_type="kto", beta=BETA))
-    assert "kto/reference_point" in metrics and kto.item() > 0
 
 
 def test_built_in_pairs_prefer_the_correct_answer_over_a_near_miss() -> None:

@@ -15,8 +15,9 @@ from roll.utils.dpo_losses import PreferenceLossType
 
 @dataclass
 class PreferenceLossArguments:
-    """The preference loss: DPO's `sigmoid` (with cDPO's `label_smoothing`), `ipo`, or `kto` on the pairs' rows
-    taken unpaired (chosen rows desirable, rejected rows undesirable); `beta` scales the implicit reward."""
+    """The preference loss: DPO's `sigmoid` (with cDPO's `label_smoothing`), `ipo`, or `kto` on labelled
+    completions (`data.format=unpaired`) or on pairs read unpaired (chosen desirable, rejected undesirable);
+    `beta` scales the implicit reward."""
 
     loss_type: PreferenceLossType = "sigmoid"
     beta: float = field(default=0.1, metadata=check(gt=0))
@@ -36,27 +37,52 @@ class DPOConfig(PreferenceRunConfig):
     reference: WorkerConfig = field(default_factory=WorkerConfig)
 
     def batch_plan(self) -> list[str]:
-        """One DPO step's arithmetic: pairs -> rows -> ranks -> micro-batches, and the reference's passes."""
-        rows, train, reference = 2 * self.batch_size, self.actor_train, self.reference
+        """One DPO step's arithmetic: examples -> rows -> ranks -> micro-batches, and the reference's passes."""
+        rows, train, reference = self.rows_per_example() * self.batch_size, self.actor_train, self.reference
         args = train.training_args
-        shard = rows // reference.dp_size
-        return [
-            f"pairs: {self.batch_size} per optimizer step = {rows} rows (chosen and rejected side by side)",
+        # KTO also scores each row's prompt with another row's completion (its reference point) on both models.
+        scored = 2 * rows if self.loss.loss_type == "kto" else rows
+        shard = scored // reference.dp_size
+        if self.data.format == "pairs":
+            examples = f"pairs: {self.batch_size} per optimizer step = {rows} rows (chosen and rejected side by side)"
+            pairs = args.per_device_train_batch_size // 2
+            micro = f"{args.per_device_train_batch_size} rows ({pairs} pairs, one forward pass)"
+        else:
+            examples = f"labelled completions: {self.batch_size} per optimizer step = {rows} rows"
+            micro = f"{args.per_device_train_batch_size} rows"
+        plan = [
+            examples,
             f"actor_train: {rows // train.dp_size} rows per rank on {train.dp_size} rank(s) -> micro-batches of "
-            f"{args.per_device_train_batch_size} rows ({args.per_device_train_batch_size // 2} pairs, one forward "
-            f"pass) x {args.gradient_accumulation_steps} accumulation; {self.max_steps} steps",
+            f"{micro} x {args.gradient_accumulation_steps} accumulation; {self.max_steps} steps",
             f"reference: {shard} rows per rank on {reference.dp_size} rank(s) in forward passes of "
             f"{reference.infer_batch_size} ({-(-shard // reference.infer_batch_size)} per rank), once per batch",
         ]
+        if self.loss.loss_type == "kto":
+            plan.append(
+                f"kto reference point: {rows} mismatched rows (a prompt with another row's completion) scored by "
+                "the policy (no gradient) and the reference each step"
+            )
+        return plan
 
     def validate(self) -> None:
-        """Roles, that a step is whole pairs in every micro-batch, the loss options, then models, data, resume."""
+        """Roles, that a step is whole examples in every micro-batch, the data format and loss options, then
+        models, data, resume."""
         self._check_pretrain()
         super().validate()
-        train = self.actor_train
-        self.check_pair_training("actor_train", train)
-        self.check_divisible("batch_size x 2 (rows)", 2 * self.batch_size, self.reference)
-        loss = self.loss
+        self.check_format_fields()
+        train, loss, data_format = self.actor_train, self.loss, self.data.format
+        if data_format == "steps":
+            raise ConfigError(
+                "data.format=steps trains a process reward model (roll-rm); DPO takes data.format=pairs or unpaired"
+            )
+        if data_format == "unpaired" and loss.loss_type != "kto":
+            raise ConfigError(
+                f"data.format=unpaired has no pairs for loss.loss_type={loss.loss_type}; set loss.loss_type=kto "
+                "(or give pairs with data.format=pairs)"
+            )
+        self.check_example_training("actor_train", train)
+        rows = self.rows_per_example() * self.batch_size
+        self.check_divisible(f"batch_size x {self.rows_per_example()} (rows)", rows, self.reference)
         if loss.label_smoothing and loss.loss_type != "sigmoid":
             raise ConfigError(
                 f"loss.label_smoothing={loss.label_smoothing} applies to loss.loss_type=sigmoid only, not "

@@ -1,4 +1,5 @@
-"""The DPO policy worker: the actor's forward passes plus a preference update on chosen/rejected pairs."""
+"""The DPO policy worker: the actor's forward passes plus a preference update on pairs (DPO, IPO) or labelled
+completions (KTO)."""
 
 from __future__ import annotations
 
@@ -13,35 +14,28 @@ from roll.pipeline.dpo.dpo_config import PreferenceLossArguments
 from roll.utils import dpo_losses
 from roll.utils.functionals import response_log_probs
 
+# KTO's per-micro-batch sums over rows, which `kto_class_metrics` turns into per-class means.
+_DESIRABLE_FRACTION = "kto/desirable_fraction"
+_REWARD_PER_ROW = {"desirable": "kto/desirable_reward_per_row", "undesirable": "kto/undesirable_reward_per_row"}
 
-def preference_objective(
+
+def pair_objective(
     policy: torch.Tensor, reference: torch.Tensor, loss: PreferenceLossArguments
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The mean preference loss of rows laid out as pairs (chosen at even rows, rejected at odd ones) and its metrics.
+    """The mean DPO/IPO loss of rows laid out as pairs (chosen at even rows, rejected at odd ones) and its metrics.
 
-    `policy` and `reference` are sequence log-probs `[2P]`. KTO reads the same rows unpaired: chosen
-    desirable, rejected undesirable.
+    `policy` and `reference` are sequence log-probs `[2P]`.
     """
     chosen, rejected = slice(0, None, 2), slice(1, None, 2)
-    if loss.loss_type == "kto":
-        desirable = torch.zeros_like(policy, dtype=torch.bool)
-        desirable[chosen] = True
-        losses, rewards, reference_point = dpo_losses.kto_loss(
-            policy, reference, desirable, loss.beta, loss.kto_desirable_weight, loss.kto_undesirable_weight
-        )
-        chosen_rewards, rejected_rewards = rewards[chosen], rewards[rejected]
-        extra = {"kto/reference_point": reference_point}
-    else:
-        losses, chosen_rewards, rejected_rewards = dpo_losses.dpo_loss(
-            policy[chosen],
-            policy[rejected],
-            reference[chosen],
-            reference[rejected],
-            loss.beta,
-            loss.loss_type,
-            loss.label_smoothing,
-        )
-        extra = {}
+    losses, chosen_rewards, rejected_rewards = dpo_losses.dpo_loss(
+        policy[chosen],
+        policy[rejected],
+        reference[chosen],
+        reference[rejected],
+        loss.beta,
+        loss.loss_type,
+        loss.label_smoothing,
+    )
     metrics = {
         "rewards/chosen": chosen_rewards.mean(),
         "rewards/rejected": rejected_rewards.mean(),
@@ -49,19 +43,65 @@ def preference_objective(
         "rewards/accuracy": (chosen_rewards > rejected_rewards).float().mean(),
         "logps/chosen": policy[chosen].detach().mean(),
         "logps/rejected": policy[rejected].detach().mean(),
-        **extra,
     }
     return losses.mean(), metrics
 
 
+def kto_objective(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    desirable: torch.Tensor,
+    reference_point: float,
+    loss: PreferenceLossArguments,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mean KTO loss of unpaired rows against the step's reference point, and its metrics.
+
+    A micro-batch may hold one class only, so the per-class rewards are reported as sums over the
+    micro-batch's rows (divided by its row count); `kto_class_metrics` turns their averages into means.
+    """
+    losses, rewards = dpo_losses.kto_loss(
+        policy,
+        reference,
+        desirable,
+        reference_point,
+        loss.beta,
+        loss.kto_desirable_weight,
+        loss.kto_undesirable_weight,
+    )
+    weight = desirable.to(rewards.dtype)
+    metrics = {
+        _DESIRABLE_FRACTION: weight.mean(),
+        _REWARD_PER_ROW["desirable"]: (rewards * weight).mean(),
+        _REWARD_PER_ROW["undesirable"]: (rewards * (1 - weight)).mean(),
+        "kto/reference_point": torch.tensor(reference_point),
+    }
+    return losses.mean(), metrics
+
+
+def kto_class_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` of KTO steps with the per-row sums replaced by each class's mean implicit reward (and their
+    margin); a class the step had no row of gets no mean."""
+    result = {k: v for k, v in metrics.items() if k not in _REWARD_PER_ROW.values()}
+    fractions = {"desirable": metrics[_DESIRABLE_FRACTION], "undesirable": 1 - metrics[_DESIRABLE_FRACTION]}
+    for name, fraction in fractions.items():
+        if fraction > 0:
+            result[f"rewards/{name}"] = metrics[_REWARD_PER_ROW[name]] / fraction
+    if len(result.keys() & {"rewards/desirable", "rewards/undesirable"}) == 2:
+        result["rewards/margin"] = result["rewards/desirable"] - result["rewards/undesirable"]
+    return result
+
+
 class DPOWorker(ActorWorker):
-    """actor_train of the DPO pipeline: scores like the actor (`compute_log_probs`) and trains on preference pairs."""
+    """actor_train of the DPO pipeline: scores like the actor (`compute_log_probs`) and takes preference steps."""
 
     @register(Dispatch.DP_COMPUTE)
-    def preference_step(self, batch: DataProto, loss: PreferenceLossArguments) -> dict[str, float]:
-        """Preference update on this rank's shard of pairs, given the reference's per-token `ref_log_probs`.
+    def preference_step(
+        self, batch: DataProto, loss: PreferenceLossArguments, reference_point: float = 0.0
+    ) -> dict[str, float]:
+        """Preference update on this rank's shard, given the reference's per-token `ref_log_probs`.
 
-        A micro-batch holds whole pairs, so one forward pass scores both responses of each of them.
+        Pairs: a micro-batch holds whole pairs, so one forward pass scores both responses of each.
+        KTO: rows carry `desirable`; `reference_point` is the step's z0 (`dpo_losses.kto_reference_point`).
         """
         average = loss.loss_type in dpo_losses.LENGTH_AVERAGED
 
@@ -71,6 +111,8 @@ class DPOWorker(ActorWorker):
             token_log_probs = response_log_probs(output.logits, data["input_ids"], data["responses"].shape[1])
             policy = dpo_losses.sequence_log_probs(token_log_probs, mask, average)
             reference = dpo_losses.sequence_log_probs(data["ref_log_probs"].to(policy.device), mask, average)
-            return preference_objective(policy, reference, loss)
+            if loss.loss_type == "kto":
+                return kto_objective(policy, reference, data["desirable"].to(policy.device), reference_point, loss)
+            return pair_objective(policy, reference, loss)
 
         return self.strategy.train_step(batch, loss_func)

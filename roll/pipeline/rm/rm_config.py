@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll.configs.schema import check
+from roll.configs.schema import ConfigError, check
 from roll.configs.worker_config import WorkerConfig
 from roll.pipeline.base_config import EXP_NAME
 from roll.pipeline.preference_config import PreferenceRunConfig
@@ -34,6 +34,12 @@ class RMConfig(PreferenceRunConfig):
     def validate(self) -> None:
         """The role trains whole pairs per micro-batch, one step is `batch_size` pairs; then model, data, resume."""
         super().validate()
+        self.check_format_fields()
+        if self.data.format == "unpaired":
+            raise ConfigError(
+                "data.format=unpaired (labelled completions) trains with KTO (roll-dpo loss.loss_type=kto); "
+                "the reward model takes data.format=pairs"
+            )
         role = self.reward_model
-        self.check_pair_training("reward_model", role)
+        self.check_example_training("reward_model", role)
         self.check_inputs([role])
