@@ -92,6 +92,10 @@ MESSAGES_DATA = (
     "data.prompt_key=messages data.train_file=data/gsm8k_format/train_messages.jsonl "
     "data.eval_file=data/gsm8k_format/test_messages.jsonl"
 )
+AUTOTP_DRY_RUN = (
+    "roll-sft dry_run=true +actor_train.strategy_args.strategy_config.tensor_parallel.autotp_size=2 "
+    "actor_train.training_args.gradient_accumulation_steps=2"
+)
 MESSAGES_SFT = f"roll-sft --config-name sft_gsm8k_format exp_name=sft_gsm8k_messages {MESSAGES_DATA}"
 MESSAGES_RLVR = (
     "roll-rlvr --config-name rlvr_gsm8k_format exp_name=rlvr_gsm8k_messages pretrain=output/sft_gsm8k_messages/model "
@@ -127,6 +131,7 @@ VERDICTS: dict[str, Run | Skip] = {
     'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}', standalone=True),
     "roll-cluster-check": Run("roll-cluster-check rounds=1", standalone=True),
     "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true", standalone=True),
+    AUTOTP_DRY_RUN: Run(AUTOTP_DRY_RUN, standalone=True),
     "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
     "roll-sft --config-name sft_gsm8k_format": Run("roll-sft --config-name sft_gsm8k_format max_steps=2 eval_steps=2"),
     "roll-rlvr --config-name rlvr_gsm8k_format": Run(
