@@ -38,6 +38,10 @@ class AlgorithmArguments:
     step, no KL reward penalty, which reads them before the update): the update takes them from its own
     forward pass, detached, so the ratio is 1 (as TRL does with one iteration). "always" runs the pass
     every step, for ablations or to reproduce earlier runs bit for bit (the two differ by rounding).
+    On-policy distillation (docs/distillation.md): with `teacher_kl_coef` > 0 the RLVR `teacher` role scores
+    the sampled responses and every response token's reward gains `teacher_kl_coef * (log p_teacher(y_t) -
+    log p_actor(y_t))`, the negative per-token reverse KL to the teacher (k1, at the sampling policy's
+    log-probs); `score_weight` scales the verifiable score (0: the teacher's signal replaces it).
     """
 
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = "grpo"
@@ -73,6 +77,8 @@ class AlgorithmArguments:
         default=None, metadata=check(gt=0, hint="null keeps the coefficient fixed")
     )
     adaptive_kl_horizon: int = field(default=10000, metadata=check(ge=1))
+    teacher_kl_coef: float = field(default=0.0, metadata=check(ge=0, hint="0 turns on-policy distillation off"))
+    score_weight: float = field(default=1.0, metadata=check(ge=0))
     reward_norm: Literal["none", "group", "batch"] = "none"
     reward_clip: float | None = field(default=None, metadata=check(gt=0, hint="null turns reward clipping off"))
     dynamic_sampling: bool = False
@@ -93,6 +99,11 @@ class AlgorithmArguments:
                 f"algorithm.whiten_advantages applies to adv_estimator=gae only, not {self.adv_estimator!r} "
                 "(grpo and rloo normalise per group, reinforce_plus_plus already whitens); set it to false"
             )
+
+    @property
+    def needs_teacher(self) -> bool:
+        """On-policy distillation needs the teacher's log-probs of the samples."""
+        return self.teacher_kl_coef > 0
 
     @property
     def needs_reference(self) -> bool:

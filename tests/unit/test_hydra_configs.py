@@ -43,6 +43,7 @@ PIPELINE_SCHEMAS = {
     "rm_arithmetic": RMConfig,
     "distill_arithmetic": DistillConfig,
 }
+    "distill_onpolicy_arithmetic": RLVRConfig,
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
     "sft": SFTConfig,
@@ -100,6 +101,8 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     command of scripts/run.sh) or a downloaded model and data.
     """
     if "gsm8k" not in name and "gpu" not in name:
+    if name == "distill_onpolicy_arithmetic":  # its student and teacher are exports of earlier runs
+        return ["devices_per_node=2", "pretrain=tiny://qwen2", "teacher.model_args.model_name_or_path=tiny://qwen2"]
         # Their YAML starts from the SFT export, or (distill) takes the RLVR export as the teacher.
         from_export = name.startswith(("rlvr", "dpo", "distill"))
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]

@@ -31,6 +31,7 @@ SYNC_WEIGHTS = _phase("sync_weights", "actor_train", "actor_infer")
 GENERATE = _phase("generate", "actor_infer")
 REWARDS = _phase("rewards")
 REFERENCE_LOG_PROBS = _phase("reference_log_probs", "reference")
+TEACHER_LOG_PROBS = _phase("teacher_log_probs", "teacher")
 OLD_LOG_PROBS = _phase("old_log_probs", "actor_train")
 # Both passes at once, when the reference and actor_train are on disjoint devices.
 REFERENCE_AND_OLD_LOG_PROBS = _phase("reference_and_old_log_probs", "reference", "actor_train")
@@ -44,6 +45,7 @@ STEP_PHASES = (
     GENERATE,
     REWARDS,
     REFERENCE_LOG_PROBS,
+    TEACHER_LOG_PROBS,
     OLD_LOG_PROBS,
     REFERENCE_AND_OLD_LOG_PROBS,
     VALUES,

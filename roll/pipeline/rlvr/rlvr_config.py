@@ -16,8 +16,11 @@ from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
 from roll.pipeline.checkpoint_state import load_driver_state
 from roll.pipeline.resumable import ResumableRun
+from roll.pipeline.teacher_checks import check_same_vocabulary, check_teacher_model, check_teacher_strategy
 from roll.rewards.sandbox import import_reward_fn
 
+# The advantage estimators that credit each token with its own reward (the others sum a sequence's rewards first).
+TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "gae")
 # The reward cluster that scores responses with a trained reward model (`roll-rm`'s export) instead of a function.
 REWARD_MODEL_WORKER = "roll.pipeline.rlvr.reward_model_worker.RewardModelWorker"
 
@@ -124,6 +127,9 @@ class RLVRConfig(ResumableRun, PipelineConfig):
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig)
     reference: WorkerConfig | None = None
     critic: WorkerConfig | None = None
+    # On-policy distillation (algorithm.teacher_kl_coef > 0): a frozen model of actor_train's tokenizer whose
+    # log-probs of the samples give every response token a reward.
+    teacher: WorkerConfig | None = None
     rewards: dict[str, RewardConfig] = field(
         default_factory=lambda: {"math": RewardConfig()},
         metadata=check(
@@ -185,11 +191,13 @@ class RLVRConfig(ResumableRun, PipelineConfig):
 
     def validate(self) -> None:
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
+        if self.teacher is not None:
+            check_teacher_model("teacher", self.teacher)
         super().validate()
         self.weight_sync_plan(infer_tp_size=1)  # a route that cannot exist fails here, before any worker starts
         samples = self.rollout_batch_size * self.actor_infer.generating_args.num_return_sequences
         self.check_divisible("rollout_batch_size", self.rollout_batch_size, self.actor_infer)
-        for role in (self.actor_train, self.reference, self.critic):
+        for role in (self.actor_train, self.reference, self.critic, self.teacher):
             if role is not None:
                 self.check_divisible("rollout_batch_size x num_return_sequences", samples, role)
         args = self.actor_train.training_args
@@ -210,6 +218,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         if algorithm.needs_reference and self.reference is None:
             raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
         self._check_loss_variants()
+        self._check_teacher()
         self._check_async_generation()
         for key, reward in self.rewards.items():
             if reward.worker_cls == REWARD_MODEL_WORKER:
@@ -250,6 +259,30 @@ class RLVRConfig(ResumableRun, PipelineConfig):
                 "model alone; leave reward_weights empty"
             )
 
+    def _check_teacher(self) -> None:
+        """On-policy distillation: a teacher scoring given sequences in actor_train's vocabulary, token-level
+        advantages, and some reward left."""
+        algorithm = self.algorithm
+        if self.teacher is None:
+            if algorithm.needs_teacher:
+                raise ConfigError(
+                    f"algorithm.teacher_kl_coef={algorithm.teacher_kl_coef} needs the teacher role; configure teacher "
+                    "(see examples/config/distill_onpolicy_arithmetic.yaml) or set algorithm.teacher_kl_coef=0"
+                )
+            return
+        if not algorithm.needs_teacher:
+            raise ConfigError(
+                "teacher is configured but algorithm.teacher_kl_coef=0 would never read it; set a coefficient "
+                "(e.g. algorithm.teacher_kl_coef=1.0) or teacher=null"
+            )
+        if algorithm.adv_estimator not in TOKEN_LEVEL_ESTIMATORS:
+            raise ConfigError(
+                f"algorithm.adv_estimator={algorithm.adv_estimator} sums a sequence's rewards into one score, which "
+                "would blur the teacher's per-token signal; use reinforce_plus_plus (or gae with a critic)"
+            )
+        check_teacher_strategy(self.teacher)
+        check_same_vocabulary(self.teacher, self.actor_train)
+
     def _check_loss_variants(self) -> None:
         """The overlong buffer within the generation budget; TIS with an engine that returns its log-probs."""
         algorithm, generating = self.algorithm, self.actor_infer.generating_args
@@ -275,16 +308,18 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             )
 
     def trainer_side_roles(self) -> dict[str, WorkerConfig]:
-        """The model roles a run uses besides actor_infer: actor_train, and the reference and critic if needed.
+        """The model roles a run uses besides actor_infer: actor_train, and the reference, critic and teacher if needed.
 
-        The algorithm needs the reference for a KL term and the critic for GAE. With
-        async_generation_ratio >= 1 these roles work while actor_infer generates.
+        The algorithm needs the reference for a KL term, the critic for GAE and the teacher for on-policy
+        distillation. With async_generation_ratio >= 1 these roles work while actor_infer generates.
         """
         roles = {"actor_train": self.actor_train}
         if self.reference is not None and self.algorithm.needs_reference:
             roles["reference"] = self.reference
         if self.critic is not None and self.algorithm.adv_estimator == "gae":
             roles["critic"] = self.critic
+        if self.teacher is not None and self.algorithm.needs_teacher:
+            roles["teacher"] = self.teacher
         return roles
 
     def _check_async_generation(self) -> None:

@@ -200,17 +200,22 @@ class RLVRPipeline(BasePipeline):
         algorithm, train = config.algorithm, config.actor_train
         args = train.training_args
         # One epoch of one optimizer step starts from the weights a separate pass would score, so the update takes
-        # the old log-probs from its own forward pass; a KL reward penalty reads them before the update.
+        # the old log-probs from its own forward pass; a KL reward penalty and the teacher's reward read them before
+        # the update.
         old_pass = algorithm.old_log_probs_pass == "always" or not (
             algorithm.ppo_epochs == 1
             and len(batch) == args.per_device_train_batch_size * args.gradient_accumulation_steps * train.dp_size
             and algorithm.kl_penalty_coef == 0
             and algorithm.adaptive_kl_target is None
+            and not algorithm.needs_teacher
         )
         passes = [("reference", phases.REFERENCE_LOG_PROBS, "ref_log_probs")] if "reference" in clusters else []
+        if "teacher" in clusters:
+            passes.append(("teacher", phases.TEACHER_LOG_PROBS, "teacher_log_probs"))
         if old_pass:
             passes.append(("actor_train", phases.OLD_LOG_PROBS, "old_log_probs"))
-        if len(passes) == 2 and set(config.reference.devices).isdisjoint(train.devices):
+        pair = [role for role, _, _ in passes] == ["reference", "actor_train"]
+        if pair and set(config.reference.devices).isdisjoint(train.devices):
             # On devices of their own, the reference and actor_train score the batch at the same time.
             with timed(phases.REFERENCE_AND_OLD_LOG_PROBS, timings):
                 futures = [(key, clusters[role].compute_log_probs(batch, blocking=False)) for role, _, key in passes]
@@ -227,7 +232,9 @@ class RLVRPipeline(BasePipeline):
 
         with timed(phases.ADVANTAGES, timings):
             # Without old log-probs (so without a KL penalty) the update reports actor/kl itself.
-            ref_log_probs = batch.pop(batch_keys=["ref_log_probs"]) if passes and not old_pass else None
+            ref_log_probs = (
+                batch.pop(batch_keys=["ref_log_probs"]) if "ref_log_probs" in batch.batch and not old_pass else None
+            )
             batch, advantage_metrics = compute_advantages(batch, group_index, algorithm, self.kl_controller.value)
             if ref_log_probs is not None:
                 batch = batch.union(ref_log_probs)
@@ -244,7 +251,9 @@ class RLVRPipeline(BasePipeline):
             )
             data["response_mask"] = data["response_mask"] * (~truncated).unsqueeze(-1).to(data["response_mask"].dtype)
             metrics["actor/overlong_filtered_fraction"] = truncated.float().mean().item()
-        train_batch = batch.select(batch_keys=[k for k in batch.batch if k != "scores"], non_tensor_keys=[])
+        # What the losses read: not the scores, nor the teacher's log-probs (already in the token rewards).
+        unread = ("scores", "teacher_log_probs")
+        train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=[])
         if "critic" in clusters:
             with timed(phases.CRITIC_UPDATE, timings):
                 for _ in range(config.algorithm.ppo_epochs):

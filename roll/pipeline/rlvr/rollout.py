@@ -33,14 +33,24 @@ def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> 
 def compute_advantages(
     batch: DataProto, group_index: torch.Tensor, algorithm: AlgorithmArguments, kl_coef: float
 ) -> tuple[DataProto, dict[str, float]]:
-    """Add `token_rewards`, `advantages` and `returns` to `batch`; return it with reward/KL metrics."""
+    """Add `token_rewards`, `advantages` and `returns` to `batch`; return it with reward/KL metrics.
+
+    Token rewards: the score (times `score_weight`) on the last response token, minus the KL penalty to the
+    reference per token, plus the teacher's per-token signal when the batch holds `teacher_log_probs`.
+    """
     data = batch.batch
     mask = data["response_mask"]
     scores = reward_processing.normalize_scores(data["scores"].float(), group_index, algorithm.reward_norm)
     if algorithm.reward_clip is not None:
         scores = reward_processing.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
-    token_rewards = outcome_token_rewards(scores, mask)
+    token_rewards = outcome_token_rewards(algorithm.score_weight * scores, mask)
     metrics: dict[str, float] = {}
+    if "teacher_log_probs" in data:
+        # On-policy distillation: minus the k1 estimate of KL(actor || teacher) at each sampled token.
+        token_rewards, teacher_kl = apply_kl_penalty(
+            token_rewards, data["old_log_probs"], data["teacher_log_probs"], mask, algorithm.teacher_kl_coef, "k1"
+        )
+        metrics["actor/teacher_reverse_kl"] = teacher_kl.mean().item()
     if "ref_log_probs" in data:
         penalty_coef = kl_coef if algorithm.kl_penalty_coef > 0 or algorithm.adaptive_kl_target else 0.0
         token_rewards, sequence_kl = apply_kl_penalty(

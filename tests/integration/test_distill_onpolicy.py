@@ -1,0 +1,62 @@
+"""On-policy distillation in RLVR end to end: a smaller student samples, an hf_infer teacher scores its tokens, the
+REINFORCE++ update trains on that signal, and the policy is exported (RLVR's resume is tested in test_rlvr_pipeline)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from tests.unit.test_hydra_configs import load_config
+
+pytestmark = pytest.mark.slow
+
+# Two steps of 4 prompts x 4 samples, every model role one rank on one shared device.
+FAST = [
+    "pretrain='tiny://qwen2?hidden_size=64&num_heads=2&num_kv_heads=1&num_layers=1'",
+    "teacher.model_args.model_name_or_path=tiny://qwen2",
+    "rollout_batch_size=4",
+    "eval_batch_size=8",
+    "max_steps=2",
+    "eval_steps=2",
+    "actor_train.training_args.per_device_train_batch_size=16",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+    "actor_infer.generating_args.num_return_sequences=4",
+    "actor_infer.generating_args.max_new_tokens=4",
+    "actor_train.device_mapping=0",
+    "actor_infer.device_mapping=0",
+    "teacher.device_mapping=0",
+    "devices_per_node=1",
+    "platform=cpu",
+]
+
+
+def run(output: Path) -> list[dict]:
+    config: RLVRConfig = load_config("distill_onpolicy_arithmetic", [*FAST, f"output_dir={output}"])
+    pipeline = RLVRPipeline(config)
+    try:
+        pipeline.run()
+    finally:
+        pipeline.shutdown()
+    log_file = Path(config.run_dir) / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in log_file.read_text().splitlines()]
+
+
+def test_the_teachers_log_probs_reward_the_students_samples(ray_session: None, tmp_path: Path) -> None:
+    rows = run(tmp_path)
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for step in (1, 2):
+        row = rows[step]
+        assert row["time/teacher_log_probs_s"] > 0 and row["time/old_log_probs_s"] > 0
+        assert "actor/teacher_reverse_kl" in row and "actor/loss" in row and "time/reference_log_probs_s" not in row
+    # Two random models disagree: the student's samples are far from the teacher's likely tokens.
+    assert rows[1]["actor/teacher_reverse_kl"] > 0
+    assert rows[2]["actor/teacher_reverse_kl"] != rows[1]["actor/teacher_reverse_kl"]
+
+    run_dir = tmp_path / "distill_onpolicy"
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    assert model.config.hidden_size == 64  # the student's export, not the teacher's
