@@ -162,22 +162,30 @@ def test_offload_blocks_train(
     assert losses[-1] < losses[0] - 0.1, losses
 
 
-def test_save_then_load_continues_exactly(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
-) -> None:
-    cluster = start_role(resource_manager, model_path, zero_block(2))
+def resume_losses(
+    manager: ResourceManager, model_path: str, batch: DataProto, block: dict, save_dir: Path
+) -> tuple[list[float], list[float]]:
+    """Two train calls' losses after a checkpoint in `save_dir`: in the run that wrote it and in one resumed from it."""
+    cluster = start_role(manager, model_path, block)
     try:
         train_losses(cluster, batch, 2)
-        assert cluster.save_checkpoint(str(tmp_path), "step2") == [str(tmp_path / "step2")] * 2
+        assert cluster.save_checkpoint(str(save_dir), "step2") == [str(save_dir / "step2")] * 2
         uninterrupted = train_losses(cluster, batch, 2)
     finally:
         cluster.shutdown()
-    resumed_cluster = start_role(resource_manager, model_path, zero_block(2))
+    resumed_cluster = start_role(manager, model_path, block)
     try:
-        resumed_cluster.load_checkpoint(str(tmp_path))
+        resumed_cluster.load_checkpoint(str(save_dir))
         resumed = train_losses(resumed_cluster, batch, 2)
     finally:
         resumed_cluster.shutdown()
+    return uninterrupted, resumed
+
+
+def test_save_then_load_continues_exactly(
+    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+) -> None:
+    uninterrupted, resumed = resume_losses(resource_manager, model_path, batch, zero_block(2), tmp_path)
     assert resumed == pytest.approx(uninterrupted, rel=1e-6)
 
 

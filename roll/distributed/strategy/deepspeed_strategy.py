@@ -137,8 +137,11 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         return int(largest.item())
 
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Continuations of the prompts; at stage 3 all ranks step together until the last finishes."""
-        synced = self.zero_stage == 3 and self.worker.world_size > 1
+        """Continuations of the prompts; at stage 3 and under AutoTP all ranks step together until the last finishes.
+
+        Tensor-parallel peers get the same prompts and seed, so they sample the same tokens.
+        """
+        synced = self.weights_gathered_collectively and self.worker.world_size > 1
         return generate_in_micro_batches(
             self.unwrapped_model,
             batch,
