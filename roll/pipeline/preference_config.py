@@ -1,52 +1,28 @@
-"""What the configs of pipelines trained on preference data share: schedule, examples, lengths, export and resume."""
+"""What the configs of pipelines trained on preference data share: the data format and the checks of training on it
+(schedule, lengths, checkpoints and export are `TrainingRunConfig`'s)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from roll.configs.data_config import FORMAT_FIELDS, ROWS_PER_EXAMPLE, PreferenceDataArguments
-from roll.configs.schema import ConfigError, any_value, check, checked_in_validate
+from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import arithmetic_problems
-from roll.distributed.strategy.registry import strategy_class
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.base_config import PipelineConfig
-from roll.pipeline.resumable import ResumableRun
+from roll.pipeline.training_config import TrainingRunConfig
 
 # What one training example of each data format is called in messages.
 EXAMPLE_NOUNS = {"pairs": "pairs", "unpaired": "labelled completions", "steps": "step-labelled responses"}
 
 
 @dataclass
-class PreferenceRunConfig(ResumableRun, PipelineConfig):
-    """A run of `max_steps` steps of `batch_size` preference examples (pairs, labelled completions or step-labelled
-    responses: `data.format`), evaluated on held-out ones, checkpointed and exported (the base of the DPO and
-    reward-model configs)."""
+class PreferenceRunConfig(TrainingRunConfig):
+    """A training run on batches of `batch_size` preference examples (pairs, two rows each: chosen and rejected;
+    labelled completions or step-labelled responses, one row each: `data.format`), evaluated on held-out ones (the
+    base of the DPO and reward-model configs)."""
 
-    pretrain: str = field(
-        default="", metadata=any_value("only interpolated (${pretrain}) into model paths, which validate() checks")
-    )
-    max_steps: int = field(default=100, metadata=check(ge=1))
-    # Examples per optimizer step over all ranks: pairs (two rows each: chosen and rejected), labelled completions
-    # or step-labelled responses (one row each), as `data.format` says.
-    batch_size: int = field(default=32, metadata=check(ge=1))
-    # Held-out evaluation every N steps (and before the first and after the last).
-    eval_steps: int = field(default=25, metadata=check(ge=1))
-    eval_batch_size: int = field(default=0, metadata=check(ge=0, hint="0 evaluates every held-out pair"))
-    save_steps: int = field(default=0, metadata=check(ge=0, hint="0 saves only at the end"))
-    # A checkpoint directory, or "latest" under run_dir/checkpoints.
-    resume_from_checkpoint: str = field(
-        default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")
-    )
-    max_response_length: int = field(default=8, metadata=check(ge=1))
-    export_dir: str = field(
-        default="", metadata=any_value("any directory to write the model to; empty = <run_dir>/model")
-    )
     data: PreferenceDataArguments = field(default_factory=PreferenceDataArguments)
-
-    def sequence_lengths(self) -> tuple[int, int, int | None]:
-        """The longest prompt and the longest response."""
-        return self.data.max_prompt_length, self.max_response_length, None
 
     def rows_per_example(self) -> int:
         """The model's rows per training example: 2 for pairs (chosen and rejected), 1 otherwise."""
@@ -67,9 +43,7 @@ class PreferenceRunConfig(ResumableRun, PipelineConfig):
     def check_example_training(self, name: str, role: WorkerConfig) -> None:
         """Role `name` trains, every micro-batch holds whole examples (a pair's two rows together), and one
         optimizer step is `batch_size` examples."""
-        strategy = role.strategy_args.strategy_name if role.strategy_args else None
-        if strategy is None or not strategy_class(strategy).trains():
-            raise ConfigError(f"{name}.strategy_args.strategy_name={strategy} does not train; use deepspeed_train")
+        self.check_trains(name, role)
         args, rows = role.training_args, self.rows_per_example()
         if args.per_device_train_batch_size % rows:
             raise ConfigError(
@@ -92,13 +66,7 @@ class PreferenceRunConfig(ResumableRun, PipelineConfig):
     def check_inputs(self, roles: list[WorkerConfig]) -> None:
         """The roles' models parse and fit the examples' lengths, the data reads with the first role's tokenizer,
         and a `resume_from_checkpoint` names a complete checkpoint."""
-        facts = self.check_models(roles)
-        tokens = self.data.max_prompt_length + self.max_response_length
-        self.check_lengths(
-            facts,
-            tokens,
-            f"data.max_prompt_length={self.data.max_prompt_length} + max_response_length={self.max_response_length}",
-        )
+        self.check_models_and_lengths(roles)
         self.check_examples(roles[0].model_args.model_name_or_path)
         self.check_resume()
 
