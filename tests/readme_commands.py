@@ -189,6 +189,18 @@ VERDICTS: dict[str, Run | Skip] = {
     "roll-rm": Run("roll-rm max_steps=1 eval_steps=1 eval_batch_size=16"),
     # Reads roll-rm's export (and the SFT export the RLVR YAML starts from): not standalone.
     RLVR_WITH_RM: Run(f"{RLVR_WITH_RM} dry_run=true"),
+    # The main job wrote the RLVR export, roll-distill's teacher (its dry runs check it exists: not standalone).
+    "roll-distill": Run("roll-distill max_steps=1 eval_steps=1 eval_batch_size=16"),
+    "roll-distill loss.kind=mixed loss.forward_weight=0.3 loss.nll_weight=0.5": Run(
+        "roll-distill loss.kind=mixed loss.forward_weight=0.3 loss.nll_weight=0.5 dry_run=true"
+    ),
+    "roll-distill 'student.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
+        "roll-distill 'student.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true"
+    ),
+    # Reads roll-distill's export (the student) and the RLVR export (the teacher).
+    "roll-rlvr --config-name distill_onpolicy_arithmetic": Run(
+        "roll-rlvr --config-name distill_onpolicy_arithmetic dry_run=true"
+    ),
     "roll-rm margin=1.0": Run("roll-rm margin=1.0 dry_run=true", standalone=True),
     "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
