@@ -26,6 +26,16 @@ FAST = [
     "platform=cpu",
 ]
 
+# FAST on one device slot, one rank per role: three worker start-ups fewer, for tests whose subject is not the
+# data-parallel split (FOUR_STEPS below keeps two ranks).
+ONE_RANK = (
+    "devices_per_node=1",
+    "actor_train.device_mapping=0",
+    "actor_infer.device_mapping=0",
+    "reference.device_mapping=0",
+    "actor_train.training_args.per_device_train_batch_size=32",
+)
+
 
 def make_config(tmp_path: Path, *overrides: str) -> RLVRConfig:
     return load_config("rlvr_arithmetic", [*FAST, f"output_dir={tmp_path}", *overrides])
@@ -114,6 +124,7 @@ def test_one_optimizer_step_takes_old_log_probs_from_the_update(
 def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session: None, tmp_path: Path) -> None:
     config = make_config(
         tmp_path,
+        *ONE_RANK,
         "max_steps=1",
         "eval_steps=100",
         "eval_batch_size=8",
@@ -133,6 +144,7 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
 def test_actor_train_block_swaps_by_override(ray_session: None, tmp_path: Path, block: str) -> None:
     config = make_config(
         tmp_path,
+        *ONE_RANK,
         "max_steps=1",
         "eval_batch_size=4",
         "algorithm.use_kl_loss=false",
@@ -147,13 +159,14 @@ def test_actor_train_block_swaps_by_override(ray_session: None, tmp_path: Path, 
 
 def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) -> None:
     critic = (
-        "critic={worker_cls: roll.pipeline.base_worker.CriticWorker, device_mapping: 0-1, "
+        "critic={worker_cls: roll.pipeline.base_worker.CriticWorker, device_mapping: 0, "
         "model_args: {model_name_or_path: 'tiny://qwen2', dtype: fp32}, "
         "strategy_args: {strategy_name: deepspeed_train, strategy_config: '${deepspeed_zero3}'}, "
-        "training_args: {per_device_train_batch_size: 16, gradient_accumulation_steps: 1, learning_rate: 1.0e-4}}"
+        "training_args: {per_device_train_batch_size: 32, gradient_accumulation_steps: 1, learning_rate: 1.0e-4}}"
     )
     config = make_config(
         tmp_path,
+        *ONE_RANK,
         critic,
         "max_steps=2",
         "eval_batch_size=4",
@@ -171,13 +184,14 @@ def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) 
 def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_group(
     ray_session: None, tmp_path: Path
 ) -> None:
-    """actor_infer swapped to vLLM by override, on a third device slot: weights go over the gloo group."""
+    """actor_infer swapped to vLLM by override, on a device slot of its own: weights go over the gloo group."""
     config = make_config(
         tmp_path,
+        *ONE_RANK,
         "max_steps=2",
         "eval_steps=2",
-        "devices_per_node=3",
-        "actor_infer.device_mapping=2",
+        "devices_per_node=2",
+        "actor_infer.device_mapping=1",
         "actor_infer.strategy_args.strategy_name=vllm",
     )
     rows = run(config)
