@@ -202,6 +202,10 @@ VERDICTS: dict[str, Run | Skip] = {
         "roll-rlvr --config-name distill_onpolicy_arithmetic dry_run=true"
     ),
     "roll-rm margin=1.0": Run("roll-rm margin=1.0 dry_run=true", standalone=True),
+    # Starts from roll-rm's export: not standalone.
+    "roll-rm --config-name rm_prm_arithmetic": Run(
+        "roll-rm --config-name rm_prm_arithmetic max_steps=1 eval_steps=1 eval_batch_size=16"
+    ),
     "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
     ),

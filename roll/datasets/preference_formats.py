@@ -1,6 +1,7 @@
 """Preference-style training data by `data.format`: how each format's splits load and a batch of its examples encodes.
 
-pairs: `PreferencePair`s, two rows each (chosen, rejected); unpaired: `LabelledExample`s, one row each.
+pairs: `PreferencePair`s, two rows each (chosen, rejected); unpaired: `LabelledExample`s and steps:
+`StepExample`s, one row each.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from roll.configs.data_config import PreferenceDataArguments
 from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
+from roll.datasets.step_dataset import encode_steps, load_step_splits
 from roll.datasets.unpaired_dataset import encode_labelled, load_unpaired_splits
 from roll.distributed.scheduler.protocol import DataProto
 
@@ -20,6 +22,7 @@ Encoder = Callable[[Sequence[Any], int], DataProto]
 FORMATS: dict[str, tuple[Loader, Encoder]] = {
     "pairs": (load_preference_splits, encode_pairs),
     "unpaired": (load_unpaired_splits, encode_labelled),
+    "steps": (load_step_splits, encode_steps),
 }
 
 

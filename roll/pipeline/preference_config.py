@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from roll.configs.data_config import FORMAT_FIELDS, ROWS_PER_EXAMPLE, PreferenceDataArguments
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
 from roll.datasets.arithmetic import arithmetic_problems
 from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.training_config import TrainingRunConfig
 
 # What one training example of each data format is called in messages.
@@ -23,6 +25,16 @@ class PreferenceRunConfig(TrainingRunConfig):
     base of the DPO and reward-model configs)."""
 
     data: PreferenceDataArguments = field(default_factory=PreferenceDataArguments)
+
+    def check_pretrain_written(self, why: str, command: str, run: str) -> None:
+        """A missing `pretrain` directory is most often an earlier run's export not written yet: say `why` it is
+        needed and that `command` writes it (to <output_dir>/<run>/model)."""
+        path = self.pretrain
+        if path and not path.startswith(TINY_SCHEME) and not Path(path).is_dir():
+            raise ConfigError(
+                f"pretrain={path!r} does not exist: {why} (`{command}` writes <output_dir>/{run}/model) or set "
+                "pretrain to a model directory"
+            )
 
     def rows_per_example(self) -> int:
         """The model's rows per training example: 2 for pairs (chosen and rejected), 1 otherwise."""

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
+from roll.datasets.step_dataset import load_step_splits
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKER
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
@@ -95,3 +96,48 @@ def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session:
     assert steps[-1]["step"] == 1 and steps[-1]["rollout/reward_failed"] == 0
     scores = [json.loads(line)["score"] for line in (logs / "samples.jsonl").read_text().splitlines()]
     assert len(set(scores)) > 2  # a reward model's real-valued scores, not a verifier's 0/1
+
+
+def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_token(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Two steps of 8 step-labelled responses on one rank; the export scores every token (token classification)."""
+    overrides = [
+        "pretrain=tiny://qwen2",
+        "batch_size=8",
+        "eval_batch_size=16",
+        "max_steps=2",
+        "eval_steps=2",
+        "reward_model.training_args.per_device_train_batch_size=8",
+        "reward_model.training_args.warmup_steps=0",
+        "reward_model.device_mapping=0",
+        "devices_per_node=1",
+        "platform=cpu",
+        f"output_dir={tmp_path}",
+    ]
+    config = load_config("rm_prm_arithmetic", overrides)
+    pipeline = RMPipeline(config)
+    try:
+        summary = pipeline.run()
+    finally:
+        pipeline.shutdown()
+    run_dir = tmp_path / "prm"
+    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for key in ("loss", "step_accuracy", "step_score", "grad_norm"):
+        assert f"reward_model/{key}" in rows[1], key
+    assert 0.3 < rows[1]["reward_model/loss"] < 1.5  # BCE of a fresh head near log 2, not a pairwise loss
+    assert rows[0]["val/step_loss"] > 0 and 0 <= rows[2]["val/first_error_found"] <= 1
+    assert summary["val_step_accuracy_after"] == rows[2]["val/step_accuracy"]
+
+    export = run_dir / "model"
+    tokenizer = load_tokenizer(str(export))
+    _, held_out = load_step_splits(config.data, tokenizer, config.max_response_length)
+    row = held_out[0]
+    ids = torch.tensor([[*row.example.prompt_ids, *row.example.response_ids]])
+    model = AutoModelForTokenClassification.from_pretrained(export).eval()
+    assert model.config.num_labels == 1
+    with torch.no_grad():
+        steps = model(input_ids=ids).logits[0, :, 0]
+    ends = [len(row.example.prompt_ids) + end for end in row.step_ends]
+    assert ends[-1] == ids.shape[1] - 1 and steps[ends[0]] != steps[ends[1]]  # a score per step

@@ -41,9 +41,10 @@ PIPELINE_SCHEMAS = {
     "rlvr_gsm8k_format": RLVRConfig,
     "dpo_arithmetic": DPOConfig,
     "rm_arithmetic": RMConfig,
+    "rm_prm_arithmetic": RMConfig,
     "distill_arithmetic": DistillConfig,
-}
     "distill_onpolicy_arithmetic": RLVRConfig,
+}
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
     "sft": SFTConfig,
@@ -100,11 +101,12 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     Validation checks that models and data exist; the recipes name an SFT export (made by the first
     command of scripts/run.sh) or a downloaded model and data.
     """
-    if "gsm8k" not in name and "gpu" not in name:
     if name == "distill_onpolicy_arithmetic":  # its student and teacher are exports of earlier runs
         return ["devices_per_node=2", "pretrain=tiny://qwen2", "teacher.model_args.model_name_or_path=tiny://qwen2"]
-        # Their YAML starts from the SFT export, or (distill) takes the RLVR export as the teacher.
-        from_export = name.startswith(("rlvr", "dpo", "distill"))
+    if "gsm8k" not in name and "gpu" not in name:
+        # Their YAML starts from the SFT export (rm_prm: the RM export), or (distill) takes the RLVR export as the
+        # teacher.
+        from_export = name.startswith(("rlvr", "dpo", "distill", "rm_prm"))
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]
     paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
     files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from roll.configs.schema import ConfigError, check
 from roll.configs.worker_config import WorkerConfig
-from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base_config import EXP_NAME
 from roll.pipeline.preference_config import PreferenceRunConfig
 from roll.utils.dpo_losses import PreferenceLossType
@@ -67,7 +65,7 @@ class DPOConfig(PreferenceRunConfig):
     def validate(self) -> None:
         """Roles, that a step is whole examples in every micro-batch, the data format and loss options, then
         models, data, resume."""
-        self._check_pretrain()
+        self.check_pretrain_written("DPO starts from a fine-tuned model; write the SFT export first", "roll-sft", "sft")
         super().validate()
         self.check_format_fields()
         train, loss, data_format = self.actor_train, self.loss, self.data.format
@@ -95,12 +93,3 @@ class DPOConfig(PreferenceRunConfig):
                     f"loss.{name}={weight} applies to loss.loss_type=kto only, not {loss.loss_type}; leave it at 1"
                 )
         self.check_inputs([train, self.reference])
-
-    def _check_pretrain(self) -> None:
-        """A missing `pretrain` directory is most often the SFT export not written yet: say how to write it."""
-        path = self.pretrain
-        if path and not path.startswith(TINY_SCHEME) and not Path(path).is_dir():
-            raise ConfigError(
-                f"pretrain={path!r} does not exist: DPO starts from a fine-tuned model; write the SFT export first "
-                "(`roll-sft` writes <output_dir>/sft/model) or set pretrain to a model directory"
-            )

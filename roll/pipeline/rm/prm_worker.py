@@ -1,0 +1,63 @@
+"""The process reward model in training: a score at every token, trained by binary cross-entropy where steps end.
+
+The model is the value-model kind (AutoModelForTokenClassification with one label, the critic's
+head on the backbone): it scores every token, where a sequence-classification model keeps only the
+last token's score. It can start from a `roll-rm` export: the backbone and the `score` weights load,
+the token head's bias starts at 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from roll.distributed.executor.strategy_worker import StrategyWorker
+from roll.distributed.scheduler.decorator import Dispatch, register
+from roll.distributed.scheduler.protocol import DataProto
+from roll.models.model_providers import ModelKind
+from roll.utils.functionals import masked_mean
+from roll.utils.process_reward import step_accuracy, step_bce_loss
+
+
+def response_scores(output: Any, response_length: int) -> torch.Tensor:
+    """The score at each response token `[B, R]`, read at the token itself (a step is scored once its separator
+    has been read)."""
+    return output.logits[:, -response_length:, 0].float()
+
+
+def process_objective(
+    scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The BCE loss at the step-end tokens `mask` and its metrics: step accuracy, the mean step-end score."""
+    metrics = {
+        "step_accuracy": step_accuracy(scores.detach(), labels, mask),
+        "step_score": masked_mean(scores.detach(), mask),
+    }
+    return step_bce_loss(scores, labels, mask), metrics
+
+
+class ProcessRewardWorker(StrategyWorker):
+    """The `reward_model` role of a process-reward run: `compute_step_scores` and `process_reward_step`."""
+
+    model_kind: ModelKind = "value"
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_step_scores(self, batch: DataProto) -> DataProto:
+        """The score at every response token: `step_scores` `[B, R]` (meaningful where `step_mask` is 1)."""
+
+        def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
+            return None, {"step_scores": response_scores(output, micro_batch.batch["responses"].shape[1])}
+
+        return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
+
+    @register(Dispatch.DP_COMPUTE)
+    def process_reward_step(self, batch: DataProto) -> dict[str, float]:
+        """BCE update on this rank's shard of step-labelled responses (`step_labels` at `step_mask`)."""
+
+        def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            data = micro_batch.batch
+            scores = response_scores(output, data["responses"].shape[1])
+            return process_objective(scores, data["step_labels"].to(scores.device), data["step_mask"].to(scores.device))
+
+        return self.strategy.train_step(batch, loss_func)
