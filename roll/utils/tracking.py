@@ -23,6 +23,7 @@ PLOTTED = {
     "preference_accuracy": "val/preference_accuracy",
     "reward_margin": "actor/rewards/margin",
     "distillation_kl": "student/kl",
+    "step_accuracy": "val/step_accuracy",
 }
 
 

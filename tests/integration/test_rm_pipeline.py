@@ -129,6 +129,7 @@ def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_toke
     assert 0.3 < rows[1]["reward_model/loss"] < 1.5  # BCE of a fresh head near log 2, not a pairwise loss
     assert rows[0]["val/step_loss"] > 0 and 0 <= rows[2]["val/first_error_found"] <= 1
     assert summary["val_step_accuracy_after"] == rows[2]["val/step_accuracy"]
+    assert (run_dir / "logs" / "step_accuracy.png").is_file()
 
     export = run_dir / "model"
     tokenizer = load_tokenizer(str(export))
