@@ -7,7 +7,9 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${ROLL_VENV:-$repo_root/.venv}"
+# Resolved: DeepSpeed builds its ops with the source paths of the interpreter's prefix, so a venv reached
+# through a symlink (a second checkout sharing it) would rebuild them, and the real path would rebuild them back.
+venv="$(realpath -m "${ROLL_VENV:-$repo_root/.venv}")"
 python_bin="${ROLL_PYTHON:-python3}"
 requirement_files=(requirements_torch.txt requirements_common.txt requirements_cpu.txt requirements_dev.txt pyproject.toml)
 

@@ -62,6 +62,7 @@ def _run(command: str, copy: Path, env: dict[str, str]) -> tuple[str, str | None
         timeout=900,
     )
     timing = f"{time.monotonic() - start:5.1f} s  {command}"
+    print(timing, flush=True)  # as each ends: a run stopped by the timeout still shows how far it got
     if result.returncode == 0:
         return timing, None
     return timing, f"$ {command}\nexit {result.returncode}\n{(result.stdout + result.stderr)[-2500:]}"
@@ -78,6 +79,5 @@ def test_every_readme_command_runs_as_written(fresh_copy: Path) -> None:
         standalone = [beside.submit(_run, r.command, fresh_copy, env) for r in rest if r.standalone]
         results += [_run(r.command, fresh_copy, env) for r in rest if not r.standalone]
         results += [future.result() for future in standalone]
-    print("\n".join(timing for timing, _ in results))
     failures = [failure for _, failure in results if failure]
     assert not failures, "\n\n".join(failures)
