@@ -4,7 +4,10 @@ Commands are the lines of its ```bash blocks (continuation lines joined, comment
 inline code spans of its prose that start like a command (`bash ...`, `python ...`, `roll-...`).
 Each has a verdict in VERDICTS: `Run` with the command the test runs (the README's own, or a cheap
 form of it: fewer steps, `dry_run=true`, `--help`, `--collect-only`) or `Skip` with the reason it
-cannot run on this machine. A command added to the README without a verdict fails
+cannot run on this machine. A pipeline command runs for real (a step or two) when a later command reads
+what it writes, or when no integration test runs its YAML; otherwise its dry run checks the command,
+config, models and data, and tests/integration/test_<pipeline>_pipeline.py runs that YAML end to end.
+A command added to the README without a verdict fails
 tests/unit/test_readme_commands.py; tests/integration/test_readme.py runs the `Run` ones in order,
 in a fresh copy of the repository, the standalone ones in a second lane beside the others.
 """
@@ -138,7 +141,9 @@ VERDICTS: dict[str, Run | Skip] = {
         "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
     ),
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
-    MESSAGES_RLVR: Run(f"{MESSAGES_RLVR} max_steps=1 eval_steps=1"),
+    # The messages file encodes to the prompt/answer file's ids (tests/unit/test_messages_dataset.py), which the
+    # command above runs through RLVR.
+    MESSAGES_RLVR: Run(f"{MESSAGES_RLVR} dry_run=true"),
     "pip install wandb": Skip("installs a tracker from the network; tests/unit/test_trackers.py covers the adapters"),
     GPU_RECIPE_DRY_RUN: Run(GPU_RECIPE_DRY_RUN, standalone=True),
     VLLM_RUN: Run(f"{VLLM_RUN} dry_run=true", standalone=True),
@@ -176,7 +181,7 @@ VERDICTS: dict[str, Run | Skip] = {
     ),
     # The main job wrote the SFT export: roll-sft reuses it and roll-dpo starts from it (its dry runs check it exists).
     "roll-sft": Run("roll-sft max_steps=2 eval_steps=2"),
-    "roll-dpo": Run("roll-dpo max_steps=1 eval_steps=1 eval_batch_size=16"),
+    "roll-dpo": Run("roll-dpo dry_run=true"),  # tests/integration/test_dpo_pipeline.py runs its YAML
     "roll-dpo loss.loss_type=ipo max_steps=100": Run(
         "roll-dpo loss.loss_type=ipo max_steps=100 dry_run=true", standalone=True
     ),
@@ -202,10 +207,8 @@ VERDICTS: dict[str, Run | Skip] = {
         "roll-rlvr --config-name distill_onpolicy_arithmetic dry_run=true"
     ),
     "roll-rm margin=1.0": Run("roll-rm margin=1.0 dry_run=true", standalone=True),
-    # Starts from roll-rm's export: not standalone.
-    "roll-rm --config-name rm_prm_arithmetic": Run(
-        "roll-rm --config-name rm_prm_arithmetic max_steps=1 eval_steps=1 eval_batch_size=16"
-    ),
+    # Starts from roll-rm's export: not standalone. tests/integration/test_rm_pipeline.py runs its YAML.
+    "roll-rm --config-name rm_prm_arithmetic": Run("roll-rm --config-name rm_prm_arithmetic dry_run=true"),
     "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
     ),

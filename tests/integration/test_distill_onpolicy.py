@@ -3,7 +3,6 @@ REINFORCE++ update trains on that signal, and the policy is exported (RLVR's res
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
@@ -37,13 +37,7 @@ FAST = [
 
 def run(output: Path) -> list[dict]:
     config: RLVRConfig = load_config("distill_onpolicy_arithmetic", [*FAST, f"output_dir={output}"])
-    pipeline = RLVRPipeline(config)
-    try:
-        pipeline.run()
-    finally:
-        pipeline.shutdown()
-    log_file = Path(config.run_dir) / "logs" / "metrics.jsonl"
-    return [json.loads(line) for line in log_file.read_text().splitlines()]
+    return run_pipeline(RLVRPipeline, config)[1]
 
 
 def test_the_teachers_log_probs_reward_the_students_samples(ray_session: None, tmp_path: Path) -> None:

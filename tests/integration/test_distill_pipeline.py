@@ -3,7 +3,6 @@ on the same device, checkpoints, resume and the HF export."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.distill.distill_pipeline import DistillPipeline
+from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,7 @@ def make_config(output: Path, *overrides: str) -> DistillConfig:
 
 
 def run(config: DistillConfig) -> tuple[dict, list[dict]]:
-    pipeline = DistillPipeline(config)
-    try:
-        summary = pipeline.run()
-    finally:
-        pipeline.shutdown()
-    log_file = Path(config.run_dir) / "logs" / "metrics.jsonl"
-    return summary, [json.loads(line) for line in log_file.read_text().splitlines()]
+    return run_pipeline(DistillPipeline, config)
 
 
 def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, tmp_path: Path) -> None:

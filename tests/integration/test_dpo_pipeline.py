@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
+from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
@@ -35,13 +35,7 @@ def make_config(output: Path, *overrides: str) -> DPOConfig:
 
 
 def run(config: DPOConfig) -> tuple[dict, list[dict]]:
-    pipeline = DPOPipeline(config)
-    try:
-        summary = pipeline.run()
-    finally:
-        pipeline.shutdown()
-    log_file = Path(config.run_dir) / "logs" / "metrics.jsonl"
-    return summary, [json.loads(line) for line in log_file.read_text().splitlines()]
+    return run_pipeline(DPOPipeline, config)
 
 
 def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.pipeline_runs import logged_metrics
 
 
 def test_a_dry_run_starts_no_ray() -> None:
@@ -46,7 +46,7 @@ def test_each_job_of_a_sweep_keeps_its_own_outputs(tmp_path) -> None:
     assert [job.name for job in jobs] == ["0", "1"]
     for job, seed in zip(jobs, ("seed=1", "seed=2"), strict=True):
         assert seed in (job / ".hydra" / "overrides.yaml").read_text()
-        metrics = [json.loads(line) for line in (job / "logs" / "metrics.jsonl").read_text().splitlines()]
+        metrics = logged_metrics(job)
         assert any("val/accuracy" in row for row in metrics)
         assert (job / "model" / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "nothing may land in the working directory"

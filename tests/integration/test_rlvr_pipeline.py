@@ -9,6 +9,7 @@ import pytest
 
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
@@ -42,13 +43,7 @@ def make_config(tmp_path: Path, *overrides: str) -> RLVRConfig:
 
 
 def run(config: RLVRConfig) -> list[dict]:
-    pipeline = RLVRPipeline(config)
-    try:
-        pipeline.run()
-    finally:
-        pipeline.shutdown()
-    log_file = Path(config.output_dir) / config.exp_name / "logs" / "metrics.jsonl"
-    return [json.loads(line) for line in log_file.read_text().splitlines()]
+    return run_pipeline(RLVRPipeline, config)[1]
 
 
 # Four steps, a checkpoint every two, with a reward that varies even for an untrained model (non-zero losses).

@@ -17,6 +17,7 @@ from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_pipeline import RMPipeline
 from tests.integration.test_rlvr_pipeline import make_config as make_rlvr_config
+from tests.pipeline_runs import logged_metrics, run_pipeline
 from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
@@ -42,13 +43,8 @@ def make_config(output: Path, *overrides: str) -> RMConfig:
 
 def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session: None, tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    pipeline = RMPipeline(config)
-    try:
-        summary = pipeline.run()
-    finally:
-        pipeline.shutdown()
+    summary, rows = run_pipeline(RMPipeline, config)
     run_dir = tmp_path / "rm"
-    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1, 2]
     for key in ("loss", "accuracy", "rewards/chosen", "rewards/rejected", "rewards/margin", "grad_norm"):
         assert f"reward_model/{key}" in rows[1] and f"reward_model/{key}" in rows[2], key
@@ -92,7 +88,7 @@ def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session:
     assert served.std() > 0
 
     logs = tmp_path / "rlvr" / "logs"
-    steps = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    steps = logged_metrics(tmp_path / "rlvr")
     assert steps[-1]["step"] == 1 and steps[-1]["rollout/reward_failed"] == 0
     scores = [json.loads(line)["score"] for line in (logs / "samples.jsonl").read_text().splitlines()]
     assert len(set(scores)) > 2  # a reward model's real-valued scores, not a verifier's 0/1
@@ -116,13 +112,8 @@ def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_toke
         f"output_dir={tmp_path}",
     ]
     config = load_config("rm_prm_arithmetic", overrides)
-    pipeline = RMPipeline(config)
-    try:
-        summary = pipeline.run()
-    finally:
-        pipeline.shutdown()
+    summary, rows = run_pipeline(RMPipeline, config)
     run_dir = tmp_path / "prm"
-    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1, 2]
     for key in ("loss", "step_accuracy", "step_score", "grad_norm"):
         assert f"reward_model/{key}" in rows[1], key

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_rlvr_pipeline import FAST
+from tests.pipeline_runs import logged_metrics
 
 pytestmark = pytest.mark.slow
 WORKER = "tests.pipeline_workers.FailureTestActorWorker"
@@ -72,5 +72,5 @@ def test_a_killed_worker_ends_the_run_and_the_run_resumes_from_the_last_complete
     resumed = start_run(output, pids, "max_steps=3", "resume_from_checkpoint=latest")
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr[-3000:]
-    rows = [json.loads(line) for line in (output / "rlvr" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    rows = logged_metrics(output / "rlvr")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
