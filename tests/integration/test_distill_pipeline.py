@@ -17,9 +17,11 @@ from tests.unit.test_hydra_configs import load_config
 pytestmark = pytest.mark.slow
 
 STUDENT = "tiny://qwen2?hidden_size=64&num_heads=2&num_kv_heads=1&intermediate_size=128&num_layers=1"
-# Two steps of 8 demonstrations, one rank per role on one shared device, a checkpoint after each step.
+# Two steps of 8 demonstrations, one rank per role on one shared device, a checkpoint after each step; the
+# student on ZeRO-3 with CPU offload (the YAML's block is ZeRO-2).
 FAST = [
     "pretrain=tiny://qwen2",
+    "student.strategy_args.strategy_config=${deepspeed_zero3_cpuoffload}",
     f"student.model_args.model_name_or_path='{STUDENT}'",
     "batch_size=8",
     "eval_batch_size=16",

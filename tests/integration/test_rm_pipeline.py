@@ -22,9 +22,11 @@ from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
 
-# Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs.
+# Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs, at ZeRO stage 0
+# (the YAML's block is ZeRO-2).
 FAST = [
     "pretrain=tiny://qwen2",
+    "reward_model.strategy_args.strategy_config=${deepspeed_zero}",
     "batch_size=8",
     "eval_batch_size=16",
     "max_steps=2",
