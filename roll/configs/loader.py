@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -10,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from roll.configs.hydra_defaults import dataclass_in, schema_defaults
 from roll.configs.schema import ConfigError, from_dict
 
 
@@ -49,6 +51,17 @@ def load_pipeline_config(cfg: DictConfig | dict[str, Any], schema: type[P], bloc
         for key, value in resolved.items()
         if key not in schema_fields and key in known_blocks and isinstance(value, dict)
     }
+    _drop_untouched_optional_blocks(schema, resolved)
     config = from_dict(schema, {k: v for k, v in resolved.items() if k not in shared_blocks})
     config.validate()
     return config
+
+
+def _drop_untouched_optional_blocks(schema: type, resolved: dict[str, Any]) -> None:
+    """An optional block (`critic: WorkerConfig | None = None`) still at the defaults Hydra's schema node
+    expanded it with was never set: it becomes None, as if the YAML said `critic: null`."""
+    hints = typing.get_type_hints(schema)
+    for name, field in schema.__dataclass_fields__.items():
+        nested = dataclass_in(hints[name])
+        if nested is not None and field.default is None and resolved.get(name) == schema_defaults(nested):
+            resolved[name] = None

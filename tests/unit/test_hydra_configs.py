@@ -155,6 +155,25 @@ def test_unknown_nested_key_in_yaml_is_an_error() -> None:
         load_pipeline_config(cfg, ClusterCheckConfig)
 
 
+def test_an_optional_role_the_yaml_never_mentions_is_absent(tmp_path: Path) -> None:
+    """A user's RLVR YAML written without `critic: null` / `teacher: null` loads with neither role; setting one
+    of the role's fields keeps it (and then the role must be complete)."""
+    own = "\n".join(
+        line
+        for line in (CONFIG_DIR / "rlvr_arithmetic.yaml").read_text().splitlines()
+        if line not in ("critic: null", "teacher: null")
+    )
+    (tmp_path / "my_rlvr.yaml").write_text(own)
+    overrides = ["pretrain=tiny://qwen2", "platform=cpu", "devices_per_node=2"]
+    blocks = yaml_names([CONFIG_DIR])
+    config = load_pipeline_config(compose_config("my_rlvr", overrides, tmp_path), RLVRConfig, blocks)
+    assert config.critic is None and config.teacher is None
+    with pytest.raises(ConfigError, match=r"critic\.worker_cls is empty"):
+        load_pipeline_config(
+            compose_config("my_rlvr", [*overrides, "critic.device_mapping=0"], tmp_path), RLVRConfig, blocks
+        )
+
+
 def test_entry_point_reports_config_error_in_one_line_before_ray() -> None:
     result = subprocess.run(
         [
