@@ -35,10 +35,12 @@ class ResumableRun:
         """A `resume_from_checkpoint` names a complete checkpoint, else a ConfigError."""
         if not self.resume_from_checkpoint:
             return
+        root, tag = self.checkpoint_root, self.resume_tag
         try:
-            load_driver_state(self.checkpoint_root, self.resume_tag)
+            load_driver_state(root, tag)
         except FileNotFoundError as exc:
+            where = f"in {root}" if tag is None else f"at {root / tag}"
             raise ConfigError(
-                f"resume_from_checkpoint={self.resume_from_checkpoint!r}: {exc}; name a saved step (e.g. step_2) "
-                "or leave it empty to start afresh"
+                f"resume_from_checkpoint={self.resume_from_checkpoint!r}: no complete checkpoint {where}; name a "
+                "saved step (e.g. step_2) or leave it empty to start afresh"
             ) from exc

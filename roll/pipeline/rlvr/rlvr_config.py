@@ -14,7 +14,6 @@ from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base_config import EXP_NAME, PipelineConfig
-from roll.pipeline.checkpoint_state import load_driver_state
 from roll.pipeline.resumable import ResumableRun
 from roll.pipeline.teacher_checks import check_same_vocabulary, check_teacher_model, check_teacher_strategy
 from roll.rewards.sandbox import import_reward_fn
@@ -374,15 +373,4 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         )
         for prompts, samples in ((self.rollout_batch_size, generating.num_return_sequences), (evaluated, 1)):
             self.check_generation_memory(self.actor_infer, facts["actor_infer"], prompts, samples, tokens, lower)
-        if self.resume_from_checkpoint:
-            requested = self.resume_from_checkpoint
-            root = Path(self.run_dir) / "checkpoints"
-            tag = None if requested == "latest" else Path(requested).name
-            try:
-                load_driver_state(root, tag)
-            except FileNotFoundError as exc:
-                where = f"in {root}" if tag is None else f"at {root / tag}"
-                raise ConfigError(
-                    f"resume_from_checkpoint={requested!r}: no complete checkpoint {where}; name a saved step "
-                    "(e.g. step_2) or leave it empty to start afresh"
-                ) from exc
+        self.check_resume()

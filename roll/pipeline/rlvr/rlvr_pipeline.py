@@ -329,8 +329,7 @@ class RLVRPipeline(BasePipeline):
 
     def save(self, step: int, history_accuracy: list[float]) -> str:
         """Checkpoint the trained roles and the driver's state at `step`; return the checkpoint path."""
-        root = self.run_dir / "checkpoints"
-        tag = f"step_{step}"
+        root, tag = self.config.checkpoint_root, f"step_{step}"
         for role, phase in self._trained_roles():
             self.residency.enter(phase)
             self.clusters[role].save_checkpoint(str(root / role), tag)
@@ -346,10 +345,8 @@ class RLVRPipeline(BasePipeline):
 
     def resume(self) -> dict:
         """Restore roles and driver state from `resume_from_checkpoint`; return the driver state."""
-        root = self.run_dir / "checkpoints"
-        requested = self.config.resume_from_checkpoint
-        tag = None if requested == "latest" else Path(requested).name
-        state = checkpoint_state.load_driver_state(root, tag)
+        root = self.config.checkpoint_root
+        state = checkpoint_state.load_driver_state(root, self.config.resume_tag)
         tag = f"step_{state['step']}"
         for role, phase in self._trained_roles():
             self.residency.enter(phase)
