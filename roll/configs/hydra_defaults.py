@@ -2,9 +2,10 @@
 
 Hydra refuses `key=value` for a key its composed config lacks. A pipeline YAML lists
 `<name>_schema` first in its defaults list; that node holds every field of the pipeline's schema
-with its default, roles included, and the YAML then sets what it needs. A role the YAML does not
-use is set to `null` there. Strictness stays with `roll.configs.loader`: this node only supplies
-keys, it does not validate.
+with its default, roles included, and the YAML then sets what it needs. An optional role the YAML
+does not use may be set to `null` there or left out (the loader drops a block left at these
+defaults). Strictness stays with `roll.configs.loader`: this node only supplies keys, it does not
+validate.
 """
 
 from __future__ import annotations
