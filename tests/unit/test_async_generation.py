@@ -13,7 +13,7 @@ import torch
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.rlvr import phases
+from roll.pipeline.residency import Residency
 from roll.pipeline.rlvr.async_generation import POLICY_VERSION, InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from tests.unit.test_config_validation import rlvr
@@ -160,7 +160,7 @@ def fake_pipeline(k: int, max_steps: int, log: list[str]) -> RLVRPipeline:
         actor_infer=SimpleNamespace(generating_args=GeneratingArguments(num_return_sequences=2, max_new_tokens=2)),
     )
     pipeline.clusters = {"actor_infer": infer}
-    pipeline.residency = phases.Residency(pipeline.clusters, {})
+    pipeline.residency = Residency(pipeline.clusters, {})
     pipeline.weight_syncer = SimpleNamespace(sync=sync)
     pipeline.sampler, pipeline.pad_id, pipeline.log_prob_temperature = FakeSampler(), 0, 1.0
     pipeline.weights_stale, pipeline.versions, pipeline.in_flight = False, PolicyVersions(k), None

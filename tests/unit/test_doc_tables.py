@@ -94,9 +94,10 @@ def test_command_line_drops_write_docs_and_names_the_environment(monkeypatch: py
 
 
 def test_rlvr_phase_names_are_every_phase_phases_py_declares() -> None:
+    from roll.pipeline.residency import Phase
     from roll.pipeline.rlvr import phases
 
-    declared = [v.name for v in vars(phases).values() if isinstance(v, phases.Phase)]
+    declared = [v.name for v in vars(phases).values() if isinstance(v, Phase)]
     assert list(doc_tables.rlvr_phase_names()) == declared, "add the new phase to phases.STEP_PHASES"
     assert "reference_and_old_log_probs" in declared
 

@@ -15,12 +15,12 @@ from roll.models.model_providers import load_tokenizer
 from roll.pipeline.base_worker import MAX_RESPONSE_LENGTH
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.evaluation import answer_scorer, greedy_accuracy
-from roll.pipeline.rlvr import phases
+from roll.pipeline.residency import Phase, Residency, phase
 from roll.pipeline.teacher_checks import shared_vocab_size
 from roll.pipeline.training_loop import TrainingRunPipeline
 
-TEACHER_TOP_K = phases.Phase("teacher_top_k", frozenset({"teacher"}))
-STUDENT_UPDATE = phases.Phase("student_update", frozenset({"student"}))
+TEACHER_TOP_K = phase("teacher_top_k", "teacher")
+STUDENT_UPDATE = phase("student_update", "student")
 
 
 class DistillPipeline(TrainingRunPipeline):
@@ -44,10 +44,10 @@ class DistillPipeline(TrainingRunPipeline):
             self.start_cluster(name)
         for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
             future.get()
-        self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.residency = Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
         self.teacher_accuracy: float | None = None  # the teacher is frozen: evaluated once
 
-    def accuracy(self, role: str, phase: phases.Phase) -> float:
+    def accuracy(self, role: str, phase: Phase) -> float:
         """Greedy held-out accuracy of `role`'s model."""
         self.residency.enter(phase)
         return greedy_accuracy(self.clusters[role], self.eval_examples, self.pad_id, self.generating_args, self.score)[

@@ -22,12 +22,14 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.dpo.dpo_worker import kto_class_metrics
 from roll.pipeline.preference_loop import PreferenceRunPipeline
-from roll.pipeline.rlvr import phases
+from roll.pipeline.residency import Phase, Residency, phase
 from roll.utils.dpo_losses import LENGTH_AVERAGED, kto_reference_point, ranking_accuracy, sequence_log_probs
 
 logger = logging.getLogger(__name__)
+REFERENCE_LOG_PROBS = phase("reference_log_probs", "reference")
+POLICY_UPDATE = phase("actor_update", "actor_train")
 # The policy scoring held-out rows: only actor_train's states need to be resident.
-EVAL_LOG_PROBS = phases.Phase("eval_log_probs", frozenset({"actor_train"}))
+EVAL_LOG_PROBS = phase("eval_log_probs", "actor_train")
 
 
 class DPOPipeline(PreferenceRunPipeline):
@@ -48,7 +50,7 @@ class DPOPipeline(PreferenceRunPipeline):
             self.start_cluster(name)
         for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
             future.get()
-        self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.residency = Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
         self.eval_reference: torch.Tensor | None = None
 
     def _check_held_out_classes(self) -> None:
@@ -59,7 +61,7 @@ class DPOPipeline(PreferenceRunPipeline):
             self.eval_batch.batch["desirable"], f"{source} (eval_batch_size={self.config.eval_batch_size})"
         )
 
-    def sequence_log_probs(self, role: str, batch: DataProto, phase: phases.Phase | None = None) -> torch.Tensor:
+    def sequence_log_probs(self, role: str, batch: DataProto, phase: Phase | None = None) -> torch.Tensor:
         """Each row's sequence log-prob under `role`'s model (summed, or averaged for length-averaged losses),
         after entering `phase` when given."""
         if phase is not None:
@@ -74,7 +76,7 @@ class DPOPipeline(PreferenceRunPipeline):
         log-prob. Pairs: the fraction ranking the chosen response first. Unpaired: the fraction of every
         (desirable, undesirable) pair of held-out rows ranked so (the reward's AUC). A tie counts half."""
         if self.eval_reference is None:  # the reference is frozen: its held-out scores are computed once
-            self.eval_reference = self.sequence_log_probs("reference", self.eval_batch, phases.REFERENCE_LOG_PROBS)
+            self.eval_reference = self.sequence_log_probs("reference", self.eval_batch, REFERENCE_LOG_PROBS)
         policy = self.sequence_log_probs(self.trained_role, self.eval_batch, EVAL_LOG_PROBS)
         rewards = self.config.loss.beta * (policy - self.eval_reference)
         if self.unpaired:
@@ -98,9 +100,9 @@ class DPOPipeline(PreferenceRunPipeline):
             return self.kto_step(examples)
         timings: dict[str, float] = {}
         batch = self.encode(examples)
-        with self.residency.timed(phases.REFERENCE_LOG_PROBS, timings):
+        with self.residency.timed(REFERENCE_LOG_PROBS, timings):
             reference = self.clusters["reference"].compute_log_probs(batch).rename("log_probs", "ref_log_probs")
-        with self.residency.timed(phases.ACTOR_UPDATE, timings):
+        with self.residency.timed(POLICY_UPDATE, timings):
             metrics = self.clusters[self.trained_role].preference_step(batch.union(reference), self.config.loss)[0]
         # Train metrics are already averaged over ranks by the strategy: rank 0 speaks for all.
         return {f"actor/{key}": value for key, value in metrics.items()} | timings
@@ -112,10 +114,10 @@ class DPOPipeline(PreferenceRunPipeline):
         rows = examples if self.unpaired else pairs_unpaired(examples)
         batch = encode_labelled(rows, self.pad_id)
         mismatched = encode_demonstrations(mismatched_examples([row.example for row in rows]), self.pad_id)
-        with self.residency.timed(phases.REFERENCE_LOG_PROBS, timings):
+        with self.residency.timed(REFERENCE_LOG_PROBS, timings):
             reference = self.clusters["reference"].compute_log_probs(batch).rename("log_probs", "ref_log_probs")
             reference_mismatched = self.sequence_log_probs("reference", mismatched)
-        with self.residency.timed(phases.ACTOR_UPDATE, timings):
+        with self.residency.timed(POLICY_UPDATE, timings):
             policy_mismatched = self.sequence_log_probs(self.trained_role, mismatched)
             point = kto_reference_point(policy_mismatched, reference_mismatched)
             cluster = self.clusters[self.trained_role]
@@ -137,7 +139,7 @@ class DPOPipeline(PreferenceRunPipeline):
 
     def enter_training(self) -> None:
         """The policy's states resident (the reference offloaded when they share devices)."""
-        self.residency.enter(phases.ACTOR_UPDATE)
+        self.residency.enter(POLICY_UPDATE)
 
     def postfix(self, metrics: dict[str, float], evaluation: dict[str, float]) -> dict[str, str]:
         """Loss, reward margin (absent when a KTO batch held one class) and the latest held-out accuracy."""

@@ -1,44 +1,21 @@
-"""The phases of one RLVR step and which roles' states each needs on its devices.
-
-Colocated roles take turns on shared devices: entering a phase loads the states of the roles it
-needs and offloads the roles that share their devices but are not needed. Nothing moves for roles
-on devices of their own.
-"""
+"""The phases of one RLVR step, each with the roles whose states it needs on their devices."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from roll.pipeline.residency import phase
 
-from roll.distributed.executor.cluster import Cluster
-
-
-@dataclass(frozen=True)
-class Phase:
-    """A named part of a step and the roles whose model states must be resident for it."""
-
-    name: str
-    resident: frozenset[str] = field(default_factory=frozenset)
-
-
-def _phase(name: str, *roles: str) -> Phase:
-    return Phase(name, frozenset(roles))
-
-
-SYNC_WEIGHTS = _phase("sync_weights", "actor_train", "actor_infer")
-GENERATE = _phase("generate", "actor_infer")
-REWARDS = _phase("rewards")
-REFERENCE_LOG_PROBS = _phase("reference_log_probs", "reference")
-TEACHER_LOG_PROBS = _phase("teacher_log_probs", "teacher")
-OLD_LOG_PROBS = _phase("old_log_probs", "actor_train")
+SYNC_WEIGHTS = phase("sync_weights", "actor_train", "actor_infer")
+GENERATE = phase("generate", "actor_infer")
+REWARDS = phase("rewards")
+REFERENCE_LOG_PROBS = phase("reference_log_probs", "reference")
+TEACHER_LOG_PROBS = phase("teacher_log_probs", "teacher")
+OLD_LOG_PROBS = phase("old_log_probs", "actor_train")
 # Both passes at once, when the reference and actor_train are on disjoint devices.
-REFERENCE_AND_OLD_LOG_PROBS = _phase("reference_and_old_log_probs", "reference", "actor_train")
-VALUES = _phase("values", "critic")
-ADVANTAGES = _phase("advantages")
-CRITIC_UPDATE = _phase("critic_update", "critic")
-ACTOR_UPDATE = _phase("actor_update", "actor_train")
+REFERENCE_AND_OLD_LOG_PROBS = phase("reference_and_old_log_probs", "reference", "actor_train")
+VALUES = phase("values", "critic")
+ADVANTAGES = phase("advantages")
+CRITIC_UPDATE = phase("critic_update", "critic")
+ACTOR_UPDATE = phase("actor_update", "actor_train")
 # Every phase a step may time, in step order (benchmarks list their timings in it).
 STEP_PHASES = (
     SYNC_WEIGHTS,
@@ -53,46 +30,3 @@ STEP_PHASES = (
     CRITIC_UPDATE,
     ACTOR_UPDATE,
 )
-
-
-class Residency:
-    """Which roles' states are on their devices; moves them as phases require and reports the bytes."""
-
-    def __init__(self, clusters: dict[str, Cluster], devices: dict[str, list[int]]) -> None:
-        self.clusters = clusters
-        self.devices = {name: set(devices.get(name, [])) for name in clusters}
-        self.resident = set(clusters)
-
-    def _shares_devices(self, role: str, others: frozenset[str]) -> bool:
-        return any(self.devices[role] & self.devices[o] for o in others if o in self.devices and o != role)
-
-    def enter(self, phase: Phase) -> dict[str, float]:
-        """Offload colocated roles the phase does not need, load the ones it does; return metrics."""
-        started = time.perf_counter()
-        moved = 0.0
-        needed = frozenset(r for r in phase.resident if r in self.clusters)
-        leaving = [r for r in sorted(self.resident - needed) if self._shares_devices(r, needed)]
-        arriving = sorted(needed - self.resident)
-        # Every offload finishes before any load starts, so devices never hold both; within each
-        # group the roles move at the same time.
-        prefix = f"phase/{phase.name}"
-        metrics: dict[str, float] = {}
-        for roles, method in ((leaving, "offload_states"), (arriving, "load_states")):
-            futures = {r: getattr(self.clusters[r], method)(blocking=False) for r in roles}
-            for role, future in futures.items():
-                reports = future.get()
-                moved += sum(v for report in reports for k, v in report.items() if "/moved_bytes/" in k)
-                # Rank 0's report stands for its role: per-kind bytes moved and bytes resident per place.
-                metrics.update({f"{prefix}/{role}/{k}": v for k, v in reports[0].items()})
-        self.resident = (self.resident - set(leaving)) | set(arriving)
-        metrics[f"{prefix}/bytes_moved"] = moved
-        metrics[f"{prefix}/residency_s"] = time.perf_counter() - started
-        return metrics
-
-    @contextmanager
-    def timed(self, phase: Phase, metrics: dict[str, float]) -> Iterator[None]:
-        """Enter `phase`, run the body, and record the residency moves and the body's seconds in `metrics`."""
-        metrics.update(self.enter(phase))
-        started = time.perf_counter()
-        yield
-        metrics[f"time/{phase.name}_s"] = time.perf_counter() - started

@@ -20,6 +20,7 @@ from roll.pipeline import checkpoint_state
 from roll.pipeline.base_pipeline import BasePipeline
 from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
 from roll.pipeline.evaluation import greedy_accuracy
+from roll.pipeline.residency import Phase, Residency
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.async_generation import InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
@@ -60,7 +61,7 @@ class RLVRPipeline(BasePipeline):
         self.log_prob_temperature = sampling.temperature if scaled else 1.0
         self.run_dir = Path(config.run_dir)
         self._start_roles()
-        self.residency = phases.Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.residency = Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
         infer = self.clusters["actor_infer"]
         self.weight_syncer = WeightSyncer(
             self.clusters["actor_train"],
@@ -322,7 +323,7 @@ class RLVRPipeline(BasePipeline):
         )
         return accuracy
 
-    def _trained_roles(self) -> list[tuple[str, phases.Phase]]:
+    def _trained_roles(self) -> list[tuple[str, Phase]]:
         """The roles with optimizer state (they checkpoint), each with the phase that makes it resident."""
         trained = [("actor_train", phases.ACTOR_UPDATE), ("critic", phases.CRITIC_UPDATE)]
         return [(role, phase) for role, phase in trained if role in self.clusters]

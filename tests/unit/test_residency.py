@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from roll.pipeline.residency import Residency
 from roll.pipeline.rlvr import phases
 
 
@@ -33,7 +34,7 @@ def test_colocated_roles_take_turns_and_separate_roles_stay() -> None:
     names = ("actor_train", "actor_infer", "reference", "rewards.math")
     clusters = {name: RecordingCluster(name, log) for name in names}
     devices = {"actor_train": [0, 1], "actor_infer": [0, 1], "reference": [2, 3], "rewards.math": []}
-    residency = phases.Residency(clusters, devices)  # type: ignore[arg-type]
+    residency = Residency(clusters, devices)  # type: ignore[arg-type]
 
     metrics = residency.enter(phases.GENERATE)
     assert log == ["offload actor_train"]  # the reference has devices of its own; rewards none
