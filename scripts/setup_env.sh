@@ -16,6 +16,9 @@ requirement_files=(requirements_torch.txt requirements_common.txt requirements_c
 # DeepSpeed's just-in-time ops (CPU Adam, shared-memory collectives) are built once per environment
 # here, at install time, so concurrent workers never race to build or load them.
 export TORCH_EXTENSIONS_DIR="$venv/torch_extensions"
+# The venv's tools come first: its ninja (1.13) hashes build commands differently from a system ninja
+# (1.11 on these machines), so processes finding different ninjas would rebuild the ops back and forth.
+export PATH="$venv/bin:$PATH"
 
 stamp_value="$(cd "$repo_root" && cat "${requirement_files[@]}" | sha256sum | cut -d' ' -f1)"
 stamp_file="$venv/.roll-install-stamp"
