@@ -1,4 +1,4 @@
-"""Shared fixtures: one embedded Ray for the whole session, sized for CPU device slots."""
+"""Shared fixtures: one embedded Ray per test process (pytest-xdist runs two), sized for CPU device slots."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ TEST_DEVICES = 4
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """An embedded Ray shared by every test that needs one."""
+    """An embedded Ray shared by every test of this test process that needs one."""
     import ray
 
     from roll.distributed.scheduler.initialize import init_ray
@@ -32,3 +32,9 @@ def ray_session() -> Iterator[None]:
     init_ray(None, "roll-tests", RAY_TEST_CPUS, "cpu")
     yield
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The README test first: it is the longest file (5 min), and one of the two test processes takes it at once
+    while the other works through the rest, instead of both finishing and one waiting on it at the end."""
+    items.sort(key=lambda item: item.path.name != "test_readme.py")
