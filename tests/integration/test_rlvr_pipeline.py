@@ -116,6 +116,18 @@ def test_one_optimizer_step_takes_old_log_probs_from_the_update(
         assert skipped[1][key] == pytest.approx(separate[1][key], rel=1e-5, abs=1e-7), key
 
 
+# deepspeed_zero2 is the YAML's own block: FOUR_STEPS runs it. Each test below trains actor_train on another block,
+# swapped by the same override a user writes (plain ZeRO-3 trains the GAE test's critic, and actor_train in the
+# weight-sync and strategy tests); the offload blocks change what moves between phases.
+def block(name: str) -> str:
+    """The override that makes `name` (an examples/config/deepspeed_*.yaml block) actor_train's strategy."""
+    return f"actor_train.strategy_args.strategy_config=${{{name}}}"
+
+
+def assert_zero_stage(config: RLVRConfig, stage: int) -> None:
+    assert config.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == stage
+
+
 def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session: None, tmp_path: Path) -> None:
     config = make_config(
         tmp_path,
@@ -125,31 +137,13 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
         "eval_batch_size=8",
         "rewards.math.reward_fn=tests.reward_functions.flaky_reward",
         "rewards.math.timeout_s=2",
+        block("deepspeed_zero3_cpuoffload"),
     )
+    assert_zero_stage(config, 3)
     rows = run(config)
     failed = sum(row.get("rollout/reward_failed", 0) for row in rows)
     assert [row["step"] for row in rows][-1] == 1
     assert failed > 0  # samples whose answers end in 3 or 7 scored 0 and were counted
-
-
-# deepspeed_zero2 is the YAML's own block: every other test here runs it. Plain ZeRO-3 trains the critic of the
-# GAE test below (and actor_train in the weight-sync and strategy tests); the offload blocks change what moves
-# between phases, so they run here.
-@pytest.mark.parametrize("block", ["deepspeed_zero", "deepspeed_zero2_cpuoffload", "deepspeed_zero3_cpuoffload"])
-def test_actor_train_block_swaps_by_override(ray_session: None, tmp_path: Path, block: str) -> None:
-    config = make_config(
-        tmp_path,
-        *ONE_RANK,
-        "max_steps=1",
-        "eval_batch_size=4",
-        "algorithm.use_kl_loss=false",
-        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
-        f"actor_train.strategy_args.strategy_config=${{{block}}}",
-    )
-    stage = config.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"]
-    assert stage == (0 if block == "deepspeed_zero" else 2 if "zero2" in block else 3)
-    rows = run(config)
-    assert rows[-1]["step"] == 1 and rows[-1]["actor/grad_norm"] > 0
 
 
 def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) -> None:
@@ -168,12 +162,14 @@ def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) 
         "algorithm.adv_estimator=gae",
         "algorithm.use_kl_loss=false",
         "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+        block("deepspeed_zero"),
     )
+    assert_zero_stage(config, 0)
     rows = run(config)
     assert rows[-1]["step"] == 2
     for key in ("critic/loss", "critic/grad_norm", "critic/clipfrac", "actor/loss", "time/values_s"):
         assert key in rows[-1], key
-    assert rows[-1]["critic/grad_norm"] > 0
+    assert rows[-1]["critic/grad_norm"] > 0 and rows[-1]["actor/grad_norm"] > 0
 
 
 def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_group(
@@ -188,8 +184,12 @@ def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_grou
         "devices_per_node=2",
         "actor_infer.device_mapping=1",
         "actor_infer.strategy_args.strategy_name=vllm",
+        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+        block("deepspeed_zero2_cpuoffload"),
     )
+    assert_zero_stage(config, 2)
     rows = run(config)
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert rows[2]["sync/broadcast_bytes"] > 0 and rows[2]["sync/colocated_bytes"] == 0
+    assert rows[1]["actor/grad_norm"] > 0  # the synced weights changed
     assert rows[2]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0
