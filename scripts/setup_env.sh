@@ -13,8 +13,8 @@ venv="$(realpath -m "${ROLL_VENV:-$repo_root/.venv}")"
 python_bin="${ROLL_PYTHON:-python3}"
 requirement_files=(requirements_torch.txt requirements_common.txt requirements_cpu.txt requirements_dev.txt pyproject.toml)
 
-# DeepSpeed's just-in-time ops (CPU Adam, shared-memory collectives) are built once per environment
-# here, at install time, so concurrent workers never race to build or load them.
+# DeepSpeed's just-in-time ops (CPU Adam, the fused Adam of ZeRO stage 0, shared-memory collectives) are
+# built once per environment here, at install time, so concurrent workers never race to build or load them.
 export TORCH_EXTENSIONS_DIR="$venv/torch_extensions"
 # The venv's tools come first: its ninja (1.13) hashes build commands differently from a system ninja
 # (1.11 on these machines), so processes finding different ninjas would rebuild the ops back and forth.
@@ -52,8 +52,8 @@ pip_install --no-build-isolation --no-deps -e .
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "$venv/bin/python" - <<'PY'
 import torch, deepspeed, ray, transformers, hydra  # noqa: F401  (fail here, not in the first job)
-from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
-for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
+for builder in (CPUAdamBuilder(), FusedAdamBuilder(), ShareMemCommBuilder()):
     builder.load(verbose=False)
 print(f"[roll] torch {torch.__version__}, deepspeed {deepspeed.__version__}, ray {ray.__version__}, "
       f"transformers {transformers.__version__}")
