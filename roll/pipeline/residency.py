@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.cluster import Cluster
 
 
@@ -36,6 +37,11 @@ class Residency:
         self.clusters = clusters
         self.devices = {name: set(devices.get(name, [])) for name in clusters}
         self.resident = set(clusters)
+
+    @classmethod
+    def of_roles(cls, clusters: dict[str, Cluster], roles: dict[str, WorkerConfig]) -> Residency:
+        """The residency of `clusters`, each on the devices its role's config maps it to."""
+        return cls(clusters, {name: role.devices for name, role in roles.items()})
 
     def _shares_devices(self, role: str, others: frozenset[str]) -> bool:
         return any(self.devices[role] & self.devices[o] for o in others if o in self.devices and o != role)

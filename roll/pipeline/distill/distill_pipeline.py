@@ -44,7 +44,7 @@ class DistillPipeline(TrainingRunPipeline):
             self.start_cluster(name)
         for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
             future.get()
-        self.residency = Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.residency = Residency.of_roles(self.clusters, config.roles())
         self.teacher_accuracy: float | None = None  # the teacher is frozen: evaluated once
 
     def accuracy(self, role: str, phase: Phase) -> float:

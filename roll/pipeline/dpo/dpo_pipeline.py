@@ -50,7 +50,7 @@ class DPOPipeline(PreferenceRunPipeline):
             self.start_cluster(name)
         for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
             future.get()
-        self.residency = Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.residency = Residency.of_roles(self.clusters, config.roles())
         self.eval_reference: torch.Tensor | None = None
 
     def _check_held_out_classes(self) -> None:

@@ -61,7 +61,7 @@ class RLVRPipeline(BasePipeline):
         self.log_prob_temperature = sampling.temperature if scaled else 1.0
         self.run_dir = Path(config.run_dir)
         self._start_roles()
-        self.residency = Residency(self.clusters, {name: role.devices for name, role in config.roles().items()})
+        self.residency = Residency.of_roles(self.clusters, config.roles())
         infer = self.clusters["actor_infer"]
         self.weight_syncer = WeightSyncer(
             self.clusters["actor_train"],
