@@ -74,7 +74,6 @@ def run_case(engine: str, model_dir: str, args: argparse.Namespace) -> dict:
     from roll.distributed.scheduler.protocol import DataProto
     from roll.distributed.strategy.registry import strategy_class
     from roll.models.model_providers import load_model, load_tokenizer
-    from roll.utils.functionals import response_mask_from_ids
 
     strategy_name, block = ENGINES[engine]
     config = WorkerConfig(
@@ -94,11 +93,9 @@ def run_case(engine: str, model_dir: str, args: argparse.Namespace) -> dict:
     encoded = tokenizer(prompt_texts(args.prompts), padding=True, return_tensors="pt")
     batch = DataProto.from_dict(tensors={k: encoded[k] for k in ("input_ids", "attention_mask")})
     generating = GeneratingArguments(max_new_tokens=args.new_tokens, do_sample=False)
-    prompt_length = encoded["input_ids"].shape[1]
 
     def wrapped() -> int:
-        responses = strategy.generate(batch, generating)[:, prompt_length:]
-        return int(response_mask_from_ids(responses, tokenizer.eos_token_id, tokenizer.pad_token_id).sum())
+        return int(strategy.generate(batch, generating).response_lengths.sum())
 
     raw = raw_engine_call(strategy, strategy_name, encoded, generating, tokenizer)
     for _ in range(2):  # warm-up: allocations, kernel selection, ZeRO-3's module trace
@@ -138,7 +135,6 @@ def raw_engine_call(
 
         return call
     model = strategy.model if strategy_name == "hf_infer" else strategy.unwrapped_model
-    from roll.utils.functionals import response_mask_from_ids
 
     def call() -> int:
         with torch.no_grad():
@@ -149,8 +145,9 @@ def raw_engine_call(
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
             )
-        responses = output[:, encoded["input_ids"].shape[1] :]
-        return int(response_mask_from_ids(responses, tokenizer.eos_token_id, tokenizer.pad_token_id).sum())
+        # Tokens up to and including the first EOS (these models have one EOS id), else all of them.
+        is_eos = output[:, encoded["input_ids"].shape[1] :] == tokenizer.eos_token_id
+        return int(torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, is_eos.shape[1]).sum())
 
     return call
 

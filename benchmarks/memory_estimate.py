@@ -1,4 +1,4 @@
-"""The per-rank memory estimate (roll.models.memory_estimate) against what a real DeepSpeed run holds.
+"""The per-rank memory estimate (roll.pipeline.base.dry_run) against what a real DeepSpeed run holds.
 
     python benchmarks/memory_estimate.py [--stages 0 1 2 3 --checkpointing-stages 3 --write-docs]
 
@@ -46,7 +46,8 @@ from roll.configs.worker_config import (  # noqa: E402
     WorkerConfig,
 )
 from roll.distributed.scheduler.decorator import Dispatch, register  # noqa: E402
-from roll.models.memory_estimate import RankEstimate, estimate_rank, model_shape  # noqa: E402
+from roll.pipeline.base.dry_run.model_shape import model_shape  # noqa: E402
+from roll.pipeline.base.dry_run.rank_estimate import RankEstimate, estimate_rank  # noqa: E402
 
 WORKER = "benchmarks.memory_estimate.EstimateWorker"
 WORLD_SIZE = 2

@@ -31,7 +31,7 @@ from benchmarks import doc_tables  # noqa: E402
 from benchmarks.generation_throughput import MODELS  # noqa: E402
 from roll.models.tiny import make_tiny_model  # noqa: E402
 
-WORKER = "roll.pipeline.base_worker.ActorWorker"
+WORKER = "roll.pipeline.base.rl_workers.ActorWorker"
 TARGETS = {  # role name -> (strategy, device slot)
     "hf_infer_colocated": ("hf_infer", "0"),
     "vllm_colocated": ("vllm", "0"),

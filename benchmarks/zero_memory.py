@@ -47,8 +47,8 @@ from roll.configs.worker_config import (  # noqa: E402
 from roll.distributed.executor.worker import Worker  # noqa: E402
 from roll.distributed.scheduler.decorator import Dispatch, register  # noqa: E402
 from roll.distributed.strategy.registry import strategy_class  # noqa: E402
-from roll.models.memory_estimate import zero_model_states  # noqa: E402
 from roll.models.model_providers import load_model  # noqa: E402
+from roll.pipeline.base.dry_run.model_states import zero_model_states  # noqa: E402
 
 WORKER = "benchmarks.zero_memory.MemoryWorker"
 DOC = REPO_ROOT / "docs" / "zero_memory.md"

@@ -9,6 +9,8 @@ Hydra at a config directory with `--config-path`.
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,14 +18,16 @@ import hydra
 from omegaconf import DictConfig
 
 from roll.configs.hydra_defaults import register_schema_defaults
-from roll.pipeline.base_config import PipelineConfig
+from roll.configs.loader import check_yaml_files
+from roll.configs.schema import ConfigError, exit_on_config_error
+from roll.pipeline.base.entry import run_pipeline
+from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.distill.distill_pipeline import DistillPipeline
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
-from roll.pipeline.entry import run_pipeline
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rm.rm_config import RMConfig
@@ -55,15 +59,30 @@ ENTRIES = {
 def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
     """Compose the YAML from the command line's Hydra arguments, validate it, run pipeline `name`.
 
-    The schema's defaults are registered as the `<name>_schema` node the YAML lists first.
+    The schema's defaults are registered as the `<name>_schema` node the YAML lists first. Every YAML file
+    of the config directories must parse first: a config error naming the file and line otherwise.
     """
     entry = ENTRIES[name]
+    try:
+        check_yaml_files([config_dir, *config_dirs_given(sys.argv[1:])])
+    except ConfigError as exc:
+        exit_on_config_error(exc)
     register_schema_defaults(name, entry.schema)
 
     def task(cfg: DictConfig) -> None:
         run_pipeline(cfg, entry.schema, entry.pipeline_cls)
 
     hydra.main(config_path=str(config_dir), config_name=entry.config_name, version_base=None)(task)()
+
+
+def config_dirs_given(args: list[str]) -> list[str]:
+    """The config directories Hydra's command-line `args` add (`--config-dir`, `-cd`) or use (`--config-path`,
+    `-cp`)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("--config-path", "-cp")
+    given, _ = parser.parse_known_args(args)
+    return [d for d in (given.config_dir, given.config_path) if d]
 
 
 def rlvr() -> None:

@@ -7,7 +7,7 @@ DeepSpeed cluster (one start-up) runs the padded, token-budget and packed layout
 from __future__ import annotations
 
 from roll.distributed.scheduler.decorator import Dispatch, register
-from roll.pipeline.base_worker import ActorWorker
+from roll.pipeline.base.rl_workers import ActorWorker
 
 
 class BudgetActorWorker(ActorWorker):

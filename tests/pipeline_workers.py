@@ -14,7 +14,7 @@ from unittest import mock
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
-from roll.pipeline.base_worker import ActorWorker
+from roll.pipeline.base.rl_workers import ActorWorker
 
 
 class FailureTestActorWorker(ActorWorker):

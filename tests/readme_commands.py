@@ -107,7 +107,7 @@ MESSAGES_RLVR = (
 COLLECT = "--collect-only -q"  # lint, then collect the chosen tests: the command works and selects tests
 
 RLVR_WITH_RM = (
-    "roll-rlvr rewards.math.worker_cls=roll.pipeline.rlvr.reward_model_worker.RewardModelWorker "
+    "roll-rlvr rewards.math.worker_cls=roll.pipeline.base.reward_model_worker.RewardModelWorker "
     "rewards.math.model_args.model_name_or_path=output/rm/model rewards.math.strategy_args.strategy_name=hf_infer "
     "rewards.math.model_args.dtype=fp32"
 )

@@ -1,7 +1,8 @@
 """The worker the strategy tests drive; Ray workers import it by module path.
 
 It is roll's StrategyWorker (initialisation, offload, checkpoints, export) plus raw strategy calls:
-a language-model loss over whole sequences, per-token log-probs and generation as the strategy returns it.
+a language-model loss over whole sequences, per-token log-probs and generation as the strategy returns it
+(ids, lengths and stop reasons).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.strategy_worker import StrategyWorker as PipelineStrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.strategy import Generation
 from roll.utils.functionals import masked_mean, response_log_probs
 
 
@@ -45,4 +47,16 @@ class StrategyWorker(PipelineStrategyWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: DataProto, args: GeneratingArguments) -> DataProto:
-        return DataProto.from_dict(tensors={"output_ids": self.strategy.generate(batch, args)})
+        return generation_batch(self.strategy.generate(batch, args))
+
+
+def generation_batch(generation: Generation) -> DataProto:
+    """A strategy's `Generation` as a DataProto: `output_ids`, `response_lengths`, `truncated` (and `log_probs`)."""
+    tensors = {
+        "output_ids": generation.output_ids,
+        "response_lengths": generation.response_lengths,
+        "truncated": generation.truncated,
+    }
+    if generation.log_probs is not None:
+        tensors["log_probs"] = generation.log_probs
+    return DataProto.from_dict(tensors=tensors)

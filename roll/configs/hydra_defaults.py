@@ -63,9 +63,11 @@ def dataclass_in(tp: Any) -> type | None:
 # Where Hydra writes, for every pipeline: a single run's Hydra files beside its outputs' folder, and
 # each job of a sweep (`-m`) in a folder of its own under the run's, which the pipeline then writes
 # to (`run_dir`), so sibling jobs never overwrite each other and nothing lands in the working directory.
+# Before Hydra writes there, a callback checks that those folders and output_dir can be written.
 HYDRA_OUTPUT = {
     "run": {"dir": "${output_dir}/hydra/${exp_name}/${now:%Y%m%d-%H%M%S}"},
     "sweep": {"dir": "${output_dir}/${exp_name}/sweep-${now:%Y%m%d-%H%M%S}", "subdir": "${hydra.job.num}"},
+    "callbacks": {"writable_output": {"_target_": "roll.configs.output_dirs.WritableOutput"}},
 }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -28,6 +29,21 @@ _INTERPOLATION_ROOT = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
 def yaml_names(config_dirs: Iterable[str | Path]) -> set[str]:
     """Names of the YAML files in `config_dirs`: the shared blocks a pipeline may pull in."""
     return {p.stem for d in config_dirs for p in Path(d).glob("*.yaml")}
+
+
+def check_yaml_files(config_dirs: Iterable[str | Path]) -> None:
+    """Every YAML file in `config_dirs` and their subfolders (Hydra's config groups) parses, else a ConfigError
+    naming the file, the line and the column (Hydra would end with a traceback)."""
+    for directory in map(Path, config_dirs):
+        for path in sorted([*directory.glob("*.yaml"), *directory.glob("*/*.yaml")]):
+            try:
+                OmegaConf.load(path)
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                context = f" ({exc.context})" if getattr(exc, "context", None) else ""
+                problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                raise ConfigError(f"{path}{where} does not parse as YAML: {problem}{context}") from exc
 
 
 def load_pipeline_config(cfg: DictConfig | dict[str, Any], schema: type[P], block_names: Iterable[str] = ()) -> P:

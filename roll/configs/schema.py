@@ -16,17 +16,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, NoReturn, TypeVar, Union
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A user-facing configuration error whose message names the field and the override that fixes it."""
+
+
+def exit_on_config_error(exc: ConfigError) -> NoReturn:
+    """End the program as every configuration error does: `config error: <message>` on stderr, exit code 2."""
+    print(f"config error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def closest_spelling(word: str, valid: typing.Iterable[str]) -> str:

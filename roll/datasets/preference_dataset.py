@@ -22,11 +22,18 @@ from roll.datasets.prompt_dataset import (
     encode_demonstrations,
     encode_kwargs,
     encode_row,
-    length_filtered,
     response_ids,
     split_tables,
+    usable_rows,
 )
-from roll.datasets.sources import quiet_progress, split_conversation
+from roll.datasets.sources import (
+    RowError,
+    Source,
+    check_text_columns,
+    named_rows,
+    quiet_progress,
+    split_conversation,
+)
 from roll.distributed.scheduler.protocol import DataProto
 
 
@@ -57,9 +64,9 @@ def read_splits(
     data: PreferenceDataArguments,
     tokenizer: PreTrainedTokenizerBase,
     max_response_length: int,
-    from_file: Callable[[datasets.Dataset, PreferenceDataArguments, str], datasets.Dataset],
+    from_file: Callable[[datasets.Dataset, PreferenceDataArguments, Source], datasets.Dataset],
     built_in: Callable[[Sequence[Problem], int], datasets.Dataset],
-    tokenize: Callable[[datasets.Dataset, PreTrainedTokenizerBase, PreferenceDataArguments, int, str], list[T]],
+    tokenize: Callable[[datasets.Dataset, PreTrainedTokenizerBase, PreferenceDataArguments, int, Source], list[T]],
 ) -> tuple[list[T], list[T]]:
     """The train and held-out examples of one preference format: the data files mapped onto its columns by
     `from_file`, else the arithmetic task's splits made into its rows by `built_in` (given `data.task_seed`),
@@ -84,8 +91,9 @@ def arithmetic_preference_table(problems: Sequence[Problem], seed: int) -> datas
     )
 
 
-def to_preference_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: str) -> datasets.Dataset:
+def to_preference_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: Source) -> datasets.Dataset:
     """`table` mapped onto (messages, chosen, rejected) through `data.prompt_key`, `chosen_key` and `rejected_key`."""
+    check_text_columns(table, source, [data.chosen_key, data.rejected_key])
     return map_columns(table, data, ("prompt_key", "chosen_key", "rejected_key"), _normalize, source, "reading pairs")
 
 
@@ -94,11 +102,11 @@ def map_columns(
     data: PreferenceDataArguments,
     settings: tuple[str, ...],
     normalize: Callable[..., dict[str, Any]],
-    source: str,
+    source: Source,
     desc: str,
 ) -> datasets.Dataset:
-    """`table`'s rows replaced by `normalize(row, index, source=..., **{setting: data.<setting>})`, after checking
-    that `table` has the column each `data.<setting>` names."""
+    """`table`'s rows replaced by `normalize(row, **{setting: data.<setting>})` (a RowError naming the row, see
+    `named_rows`), after checking that `table` has the column each `data.<setting>` names."""
     columns = table.column_names
     for setting in settings:
         key = getattr(data, setting)
@@ -107,41 +115,43 @@ def map_columns(
             raise ConfigError(f"{source}: no column {key!r} (data.{setting}); its columns are {existing}")
     keys = {setting: getattr(data, setting) for setting in settings}
     return table.map(
-        normalize, with_indices=True, fn_kwargs={**keys, "source": source}, remove_columns=columns, desc=desc
+        named_rows(normalize),
+        with_indices=True,
+        fn_kwargs={**keys, "source": source},
+        remove_columns=columns,
+        desc=desc,
     )
 
 
-def _normalize(
-    row: dict[str, Any], index: int, prompt_key: str, chosen_key: str, rejected_key: str, source: str
-) -> dict[str, Any]:
-    where = f"{source} row {index}"
+def _normalize(row: dict[str, Any], prompt_key: str, chosen_key: str, rejected_key: str) -> dict[str, Any]:
     return {
-        "messages": prompt_messages(row[prompt_key], where, prompt_key),
-        "chosen": response_text(row[chosen_key], where, f"data.chosen_key={chosen_key!r}"),
-        "rejected": response_text(row[rejected_key], where, f"data.rejected_key={rejected_key!r}"),
+        "messages": prompt_messages(row[prompt_key], prompt_key),
+        "chosen": response_text(row[chosen_key], f"data.chosen_key={chosen_key!r}"),
+        "rejected": response_text(row[rejected_key], f"data.rejected_key={rejected_key!r}"),
     }
 
 
-def prompt_messages(prompt: Any, where: str, prompt_key: str) -> list[dict[str, str]]:
+def prompt_messages(prompt: Any, prompt_key: str) -> list[dict[str, str]]:
     """A prompt given as text, or as a conversation ending with the user's turn, as a list of messages."""
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    messages, answer = split_conversation(prompt, where)
+    messages, answer = split_conversation(prompt, f"data.prompt_key={prompt_key!r}")
     if answer is not None:
-        raise ConfigError(
-            f"{where}: the prompt (data.prompt_key={prompt_key!r}) ends with an assistant turn; a preference "
+        raise RowError(
+            f"the prompt (data.prompt_key={prompt_key!r}) ends with an assistant turn; a preference "
             "prompt ends with the user's turn, its responses are in their own columns"
         )
     return messages
 
 
-def response_text(value: Any, where: str, setting: str) -> str:
+def response_text(value: Any, setting: str) -> str:
     """A response given as text, or as a conversation whose last turn is the assistant's."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and isinstance(value[-1], dict) and value[-1].get("role") == "assistant":
-        return str(value[-1]["content"])
-    raise ConfigError(f"{where}: {setting} holds {value!r}, not text or a conversation ending with an assistant turn")
+    last = value[-1] if isinstance(value, list) and value else None
+    if isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str):
+        return last["content"]
+    raise RowError(f"{setting} holds {value!r:.80}, not text or a conversation ending with an assistant turn")
 
 
 def tokenize_pairs(
@@ -149,11 +159,13 @@ def tokenize_pairs(
     tokenizer: PreTrainedTokenizerBase,
     data: PreferenceDataArguments,
     max_response_length: int,
-    source: str,
+    source: Source,
 ) -> list[PreferencePair]:
-    """Pairs of `table`'s rows: prompt formatted as configured, both responses tokenised, too-long pairs handled."""
+    """Pairs of `table`'s rows: prompt formatted as configured, both responses tokenised, unusable pairs (too long,
+    an empty response, chosen the same as rejected) handled."""
     encoded = table.map(_encode_pair, fn_kwargs=encode_kwargs(tokenizer, data), desc="tokenizing")
-    kept = length_filtered(encoded, data, max_response_length, source, ["response_ids", "rejected_ids"])
+    responses = {"response_ids": "chosen response", "rejected_ids": "rejected response"}
+    kept = usable_rows(encoded, data, max_response_length, source, responses)
     return [
         PreferencePair(
             chosen=Example(row["prompt"], row["chosen"], DEFAULT_DOMAIN, row["prompt_ids"], row["response_ids"]),

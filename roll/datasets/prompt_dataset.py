@@ -20,7 +20,7 @@ from roll.configs.data_config import DataArguments, SourceArguments
 from roll.configs.schema import ConfigError
 from roll.datasets.arithmetic import Problem, arithmetic_problems
 from roll.datasets.chat_format import format_prompt, use_chat_template
-from roll.datasets.sources import quiet_progress, read_table, to_conversations
+from roll.datasets.sources import Source, quiet_progress, read_table, to_conversations
 from roll.distributed.scheduler.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def load_splits(
     """Train and held-out examples from `data.train_file` / `data.eval_file`, else the built-in arithmetic task.
 
     Rows too long for `data.max_prompt_length` (or, when given, `max_response_length`) are dropped
-    or refused as `data.too_long` says.
+    or refused as `data.too_long` says; rows with an empty answer are dropped (`usable_rows`).
     """
     with quiet_progress():
         tables = split_tables(data, lambda table, source: to_conversations(table, data, source), problems_table)
@@ -55,9 +55,9 @@ def load_splits(
 
 def split_tables(
     data: SourceArguments,
-    from_file: Callable[[datasets.Dataset, str], datasets.Dataset],
+    from_file: Callable[[datasets.Dataset, Source], datasets.Dataset],
     built_in: Callable[[list[Problem]], datasets.Dataset],
-) -> list[tuple[datasets.Dataset, str]]:
+) -> list[tuple[datasets.Dataset, Source]]:
     """(table, source) of the train and held-out splits: `data.train_file` / `data.eval_file` read and mapped by
     `from_file`, else the built-in arithmetic task's splits made into tables by `built_in`."""
     if bool(data.train_file) != bool(data.eval_file):
@@ -66,11 +66,10 @@ def split_tables(
             f"data.{missing} is empty but data.{given} is set: give both, or neither for the built-in arithmetic task"
         )
     if data.train_file:
-        sources = [f"data.{key}={getattr(data, key)!r}" for key in ("train_file", "eval_file")]
-        files = (data.train_file, data.eval_file)
-        return [(from_file(read_table(f, source), source), source) for f, source in zip(files, sources, strict=True)]
+        sources = [Source.of(f"data.{key}", getattr(data, key)) for key in ("train_file", "eval_file")]
+        return [(from_file(read_table(source), source), source) for source in sources]
     splits = zip(arithmetic_problems(seed=data.task_seed), ("train", "held out"), strict=True)
-    return [(built_in(problems), f"{BUILT_IN} ({name})") for problems, name in splits]
+    return [(built_in(problems), Source(f"{BUILT_IN} ({name})")) for problems, name in splits]
 
 
 def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
@@ -93,16 +92,16 @@ def tokenize(
     tokenizer: PreTrainedTokenizerBase,
     data: SourceArguments,
     max_response_length: int | None,
-    source: str,
+    source: Source,
 ) -> list[Example]:
-    """Examples of `table`'s rows: formatted (chat template as configured), tokenised, too-long rows handled."""
+    """Examples of `table`'s rows: formatted (chat template as configured), tokenised, unusable rows handled."""
     encoded = table.map(
         encode_row,
         fn_kwargs=encode_kwargs(tokenizer, data),
         remove_columns=["messages", "demonstration"],
         desc="tokenizing",
     )
-    kept = length_filtered(encoded, data, max_response_length, source, ["response_ids"])
+    kept = usable_rows(encoded, data, max_response_length, source, {"response_ids": "demonstration"})
     return [Example(**row) for row in kept.to_list()]
 
 
@@ -115,33 +114,79 @@ def encode_kwargs(tokenizer: PreTrainedTokenizerBase, data: SourceArguments) -> 
     }
 
 
-def length_filtered(
+def usable_rows(
     encoded: datasets.Dataset,
     data: SourceArguments,
     max_response_length: int | None,
-    source: str,
-    response_columns: list[str],
+    source: Source,
+    responses: dict[str, str],
 ) -> datasets.Dataset:
-    """The rows of `encoded` whose prompt and `response_columns` fit the limits; the others are dropped with a
-    warning or refused, as `data.too_long` says."""
+    """The rows of `encoded` to train on; each other row is named (file and line) in a warning or an error.
+
+    `responses` maps each response column of token ids to what messages call it. A row too long for the limits
+    (`data.max_prompt_length`; `max_response_length`, when given, for every response) is dropped with a warning
+    or refused, as `data.too_long` says. A degenerate row, one with an empty response (no token but its end) or
+    with two responses that are the same (a pair's chosen and rejected), is dropped with a warning: it teaches
+    nothing. A split left without rows is a ConfigError.
+    """
     limits = {
         "max_prompt_length": data.max_prompt_length,
         "max_response_length": max_response_length,
-        "response_columns": response_columns,
+        "columns": list(responses),
     }
-    kept = encoded.filter(_fits, fn_kwargs=limits, desc="length filter")
-    dropped = len(encoded) - len(kept)
-    if dropped:
-        what = f"prompts longer than data.max_prompt_length={data.max_prompt_length} tokens"
-        if max_response_length is not None:
-            what += f" or demonstrations longer than max_response_length={max_response_length} tokens"
-        if data.too_long == "error" or not len(kept):
-            first = next(row for row in encoded if not _fits(row, **limits))
-            fix = "raise the limit, or set data.too_long=drop to leave them out" if len(kept) else "raise the limit"
-            example = first["prompt"]
-            raise ConfigError(f"{source}: {dropped} of {len(encoded)} rows have {what}, e.g. {example!r}; {fix}")
-        logger.warning("%s: dropped %d of %d rows with %s", source, dropped, len(encoded), what)
+    checked = encoded.map(_row_problems, batched=True, fn_kwargs=limits, desc="checking rows")
+    rows: dict[str, list[int]] = {}
+    for index, problem in enumerate(checked[_PROBLEM]):
+        if problem:
+            rows.setdefault(problem, []).append(index)
+    if not rows:
+        return encoded
+    kept = checked.filter(_usable, input_columns=_PROBLEM, batched=True, desc="dropping rows")
+    kept = kept.remove_columns(_PROBLEM)
+    names = list(responses.values())
+    for problem, indices in rows.items():
+        what = {
+            "too long": f"prompts longer than data.max_prompt_length={data.max_prompt_length} tokens"
+            + ("" if max_response_length is None else f" or {_LONG_RESPONSES}={max_response_length} tokens"),
+            "empty": f"an empty {' or '.join(names)}",
+            "same": f"the same {' and '.join(names)}",
+        }[problem]
+        if (problem == "too long" and data.too_long == "error") or not len(kept):
+            first = indices[0]
+            fix = "raise the limit, or set data.too_long=drop to leave them out" if len(kept) else "fix the rows"
+            fix = "raise the limit" if problem == "too long" and not len(kept) else fix
+            raise ConfigError(
+                f"{source}: {len(indices)} of {len(encoded)} rows have {what}, e.g. {source.row(first)} "
+                f"({encoded[first]['prompt']!r}); {fix}"
+            )
+        named = ", ".join(source.row(i) for i in indices[:3]) + (", ..." if len(indices) > 3 else "")
+        logger.warning("%s: dropped %d of %d rows with %s: %s", source, len(indices), len(encoded), what, named)
     return kept
+
+
+_PROBLEM = "row_problem"
+_LONG_RESPONSES = "demonstrations longer than max_response_length"
+
+
+def _row_problems(
+    rows: dict[str, list[Any]], max_prompt_length: int, max_response_length: int | None, columns: list[str]
+) -> dict[str, list[str]]:
+    """What makes each tokenised row of a batch unusable: "too long", "empty", "same", or "" when nothing does."""
+
+    def problem(i: int) -> str:
+        responses = [rows[c][i] for c in columns]
+        long = max_response_length is not None and any(len(ids) > max_response_length for ids in responses)
+        if long or len(rows["prompt_ids"][i]) > max_prompt_length:
+            return "too long"
+        if any(len(ids) <= 1 for ids in responses):
+            return "empty"
+        return "same" if len(responses) == 2 and responses[0] == responses[1] else ""
+
+    return {_PROBLEM: [problem(i) for i in range(len(rows["prompt_ids"]))]}
+
+
+def _usable(problems: list[str]) -> list[bool]:
+    return [not problem for problem in problems]
 
 
 def response_ids(text: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -159,13 +204,6 @@ def encode_row(
         "prompt_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
         "response_ids": response_ids(row["demonstration"], tokenizer),
     }
-
-
-def _fits(
-    row: dict[str, Any], max_prompt_length: int, max_response_length: int | None, response_columns: list[str]
-) -> bool:
-    short = max_response_length is None or all(len(row[c]) <= max_response_length for c in response_columns)
-    return len(row["prompt_ids"]) <= max_prompt_length and short
 
 
 def encode_prompts(examples: Sequence[Example], pad_id: int) -> DataProto:
@@ -279,6 +317,17 @@ def make_sampler(
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id used for padding (the EOS id when the tokenizer has no pad token)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def response_texts(tokenizer: PreTrainedTokenizerBase, batch: DataProto) -> list[str]:
+    """Each row's response decoded from the tokens its `response_mask` covers, special tokens (EOS) dropped.
+
+    The mask, not a pad id, says where a response ends: the padding after it is the generating engine's
+    pad id, which may be an EOS or not this tokenizer's pad.
+    """
+    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
+    rows = [row[keep].tolist() for row, keep in zip(responses, mask, strict=True)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 def encode_demonstrations(examples: Sequence[Example], pad_id: int) -> DataProto:

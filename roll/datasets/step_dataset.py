@@ -24,7 +24,8 @@ from roll.configs.data_config import DEFAULT_DOMAIN, PreferenceDataArguments
 from roll.configs.schema import ConfigError
 from roll.datasets.arithmetic import Problem
 from roll.datasets.preference_dataset import map_columns, prompt_messages, read_splits
-from roll.datasets.prompt_dataset import Example, encode_demonstrations, encode_kwargs, encode_row, length_filtered
+from roll.datasets.prompt_dataset import Example, encode_demonstrations, encode_kwargs, encode_row, usable_rows
+from roll.datasets.sources import RowError, Source
 from roll.datasets.unpaired_dataset import parse_label
 from roll.distributed.scheduler.protocol import DataProto
 
@@ -77,7 +78,7 @@ def arithmetic_step_table(problems: Sequence[Problem], seed: int) -> datasets.Da
     return datasets.Dataset.from_list(rows)
 
 
-def to_step_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: str) -> datasets.Dataset:
+def to_step_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: Source) -> datasets.Dataset:
     """`table` mapped onto (messages, steps, labels) through `data.prompt_key`, `steps_key` and `step_labels_key`;
     steps that are not a list of text, or labels not one 0/1/true/false per step, are a ConfigError naming the
     file, the row and the field."""
@@ -85,24 +86,22 @@ def to_step_rows(table: datasets.Dataset, data: PreferenceDataArguments, source:
     return map_columns(table, data, settings, _normalize, source, "reading step-labelled responses")
 
 
-def _normalize(
-    row: dict[str, Any], index: int, prompt_key: str, steps_key: str, step_labels_key: str, source: str
-) -> dict[str, Any]:
-    where = f"{source} row {index}"
+def _normalize(row: dict[str, Any], prompt_key: str, steps_key: str, step_labels_key: str) -> dict[str, Any]:
     steps, labels = row[steps_key], row[step_labels_key]
     if not isinstance(steps, list) or not steps or not all(isinstance(step, str) for step in steps):
-        raise ConfigError(f"{where}: data.steps_key={steps_key!r} holds {steps!r}, not a non-empty list of steps")
+        raise RowError(f"data.steps_key={steps_key!r} holds {steps!r:.80}, not a non-empty list of steps")
     if not isinstance(labels, list) or len(labels) != len(steps):
         count = f"{len(labels)} labels" if isinstance(labels, list) else repr(labels)
-        raise ConfigError(
-            f"{where}: data.step_labels_key={step_labels_key!r} holds {count} for the {len(steps)} steps of "
+        raise RowError(
+            f"data.step_labels_key={step_labels_key!r} holds {count} for the {len(steps)} steps of "
             f"data.steps_key={steps_key!r}; give one label per step"
         )
-    where_label = f"{where} data.step_labels_key={step_labels_key!r} label"
     return {
-        "messages": prompt_messages(row[prompt_key], where, prompt_key),
+        "messages": prompt_messages(row[prompt_key], prompt_key),
         "steps": steps,
-        "labels": [parse_label(label, f"{where_label} {i}") for i, label in enumerate(labels)],
+        "labels": [
+            parse_label(label, f"data.step_labels_key={step_labels_key!r} label {i}") for i, label in enumerate(labels)
+        ],
     }
 
 
@@ -111,7 +110,7 @@ def tokenize_steps(
     tokenizer: PreTrainedTokenizerBase,
     data: PreferenceDataArguments,
     max_response_length: int,
-    source: str,
+    source: Source,
 ) -> list[StepExample]:
     """Step examples of `table`'s rows: prompt formatted as configured, each step and its separator tokenised,
     too-long responses handled."""
@@ -124,7 +123,7 @@ def tokenize_steps(
         raise ConfigError(f"data.step_separator={data.step_separator!r} has no tokens under the model's tokenizer")
     kwargs = {**encode_kwargs(tokenizer, data), "separator": separator}
     encoded = table.map(_encode_steps, fn_kwargs=kwargs, desc="tokenizing")
-    kept = length_filtered(encoded, data, max_response_length, source, ["response_ids"])
+    kept = usable_rows(encoded, data, max_response_length, source, {"response_ids": "response"})
     return [
         StepExample(
             Example(row["prompt"], response_text(row["steps"]), DEFAULT_DOMAIN, row["prompt_ids"], row["response_ids"]),

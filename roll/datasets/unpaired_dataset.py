@@ -35,8 +35,9 @@ from roll.datasets.prompt_dataset import (
     encode_demonstrations,
     encode_kwargs,
     encode_row,
-    length_filtered,
+    usable_rows,
 )
+from roll.datasets.sources import RowError, Source, check_text_columns
 from roll.distributed.scheduler.protocol import DataProto
 
 _TRUE, _FALSE = {"1", "true"}, {"0", "false"}
@@ -72,33 +73,32 @@ def arithmetic_unpaired_table(problems: Sequence[Problem], seed: int) -> dataset
     return datasets.Dataset.from_list(rows)
 
 
-def to_unpaired_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: str) -> datasets.Dataset:
+def to_unpaired_rows(table: datasets.Dataset, data: PreferenceDataArguments, source: Source) -> datasets.Dataset:
     """`table` mapped onto (messages, demonstration, desirable) through `data.prompt_key`, `completion_key` and
     `label_key`; a label other than 0/1/true/false is a ConfigError naming the file, the row and the column."""
     settings = ("prompt_key", "completion_key", "label_key")
+    check_text_columns(table, source, [data.completion_key])
     return map_columns(table, data, settings, _normalize, source, "reading labelled completions")
 
 
-def _normalize(
-    row: dict[str, Any], index: int, prompt_key: str, completion_key: str, label_key: str, source: str
-) -> dict[str, Any]:
-    where = f"{source} row {index}"
+def _normalize(row: dict[str, Any], prompt_key: str, completion_key: str, label_key: str) -> dict[str, Any]:
     return {
-        "messages": prompt_messages(row[prompt_key], where, prompt_key),
-        "demonstration": response_text(row[completion_key], where, f"data.completion_key={completion_key!r}"),
-        "desirable": parse_label(row[label_key], f"{where} column {label_key!r} (data.label_key)"),
+        "messages": prompt_messages(row[prompt_key], prompt_key),
+        "demonstration": response_text(row[completion_key], f"data.completion_key={completion_key!r}"),
+        "desirable": parse_label(row[label_key], f"column {label_key!r} (data.label_key)"),
     }
 
 
 def parse_label(value: Any, where: str) -> bool:
-    """A label as a bool: true/false, 1/0 (numbers or text, any case); anything else is a ConfigError at `where`."""
+    """A label as a bool: true/false, 1/0 (numbers or text, any case); anything else is a RowError naming `where`
+    (the column, or the label's place in it)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ConfigError(f"{where} holds {value!r}, not a label: use 1/true (desirable) or 0/false (undesirable)")
+    raise RowError(f"{where} holds {value!r}, not a label: use 1/true (desirable) or 0/false (undesirable)")
 
 
 def tokenize_labelled(
@@ -106,12 +106,12 @@ def tokenize_labelled(
     tokenizer: PreTrainedTokenizerBase,
     data: PreferenceDataArguments,
     max_response_length: int,
-    source: str,
+    source: Source,
 ) -> list[LabelledExample]:
-    """Labelled examples of `table`'s rows: prompt formatted as configured, completion tokenised, too-long rows
-    handled."""
+    """Labelled examples of `table`'s rows: prompt formatted as configured, completion tokenised, unusable rows
+    (too long, an empty completion) handled."""
     encoded = table.map(encode_row, fn_kwargs=encode_kwargs(tokenizer, data), desc="tokenizing")
-    kept = length_filtered(encoded, data, max_response_length, source, ["response_ids"])
+    kept = usable_rows(encoded, data, max_response_length, source, {"response_ids": "completion"})
     return [
         LabelledExample(
             Example(row["prompt"], row["demonstration"], DEFAULT_DOMAIN, row["prompt_ids"], row["response_ids"]),

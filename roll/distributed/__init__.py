@@ -1,0 +1,3 @@
+"""The distributed runtime: `scheduler` (DataProto, dispatch, placement, Ray start), `weight_sync` (transports),
+`strategy` (backends) and `executor` (clusters and workers).
+"""

@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from roll.configs.worker_config import ModelArguments
-from roll.models.tiny import resolve_model_path
+from roll.models.tiny import TINY_SCHEME, build_char_tokenizer, resolve_model_path
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 
@@ -47,6 +47,11 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def peek_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    """`load_tokenizer(model_path)` without building a tiny:// model: a tiny model's tokenizer is the char-level one."""
+    return build_char_tokenizer() if model_path.startswith(TINY_SCHEME) else load_tokenizer(model_path)
 
 
 def load_model(

@@ -1,0 +1,4 @@
+"""The only code that touches a library's internals (DeepSpeed, vLLM, SGLang).
+
+May import: everything below `roll.distributed.strategy`.
+"""

@@ -1,0 +1,4 @@
+"""True utilities: masked tensor ops, atomic file writes, grouping, imports by dotted path, packing, tracking.
+
+Nothing here knows about roles, pipelines or algorithms. May import: nothing else of roll.
+"""

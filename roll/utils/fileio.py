@@ -19,3 +19,16 @@ def read_latest_tag(root: Path, latest_name: str = "latest") -> str:
     if not latest.is_file():
         raise FileNotFoundError(f"no complete checkpoint in {root}: there is no '{latest_name}' file")
     return latest.read_text().strip()
+
+
+def unwritable_reason(path: str | Path) -> str | None:
+    """Why directory `path` could not be created and written to (None: it could): a file in its place or on its
+    way, or no write permission on the nearest folder that exists. Nothing is created."""
+    existing = Path(path).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None

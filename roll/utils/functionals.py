@@ -36,18 +36,6 @@ def response_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, response_l
     return log_probs_from_logits(logits[:, -response_length - 1 : -1], input_ids[:, -response_length:])
 
 
-def response_mask_from_ids(responses: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
-    """1 for every response token up to and including the first EOS, 0 after it.
-
-    Without an EOS, tokens count up to the last non-pad token (a response cut at max_new_tokens).
-    """
-    is_eos = responses == eos_token_id
-    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-    mask = ~after_eos
-    no_eos = ~is_eos.any(-1)
-    if no_eos.any():
-        non_pad = responses != pad_token_id
-        last = torch.where(non_pad, torch.arange(responses.shape[1]), -1).max(-1).values
-        within = torch.arange(responses.shape[1])[None, :] <= last[:, None]
-        mask = torch.where(no_eos[:, None], within, mask)
-    return mask.long()
+def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """1 on the first `lengths[i]` positions of row i, 0 after them: `[B]` -> `[B, width]` (long)."""
+    return (torch.arange(width, device=lengths.device) < lengths[:, None]).long()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from roll.configs.worker_config import (
     GeneratingArguments,
@@ -21,6 +22,7 @@ from roll.configs.worker_config import (
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.strategy.hf_compute import generate_in_micro_batches
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
@@ -51,6 +53,23 @@ def batch(model_path: str) -> DataProto:
     texts = [f"{a}+{b * 7}={a + b * 7}" for a in range(4) for b in range(4)]
     encoded = tokenizer(texts, padding=True, return_tensors="pt")
     return DataProto.from_dict(tensors={"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+
+
+@pytest.fixture(scope="module")
+def eos_list_path(model_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model laid out as Llama-3-Instruct: two EOS ids (the second the token its greedy samples of `batch`
+    use most, so some end early) and no pad id."""
+    path = tmp_path_factory.mktemp("eos_list")
+    shutil.copytree(model_path, path, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    inputs = {k: batch.batch[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        generated = model.generate(**inputs, max_new_tokens=12, do_sample=False)[:, inputs["input_ids"].shape[1] :]
+    eos_ids = [model.generation_config.eos_token_id, int(generated.flatten().mode().values)]
+    model.config.eos_token_id, model.config.pad_token_id = eos_ids, None
+    model.config.save_pretrained(path)
+    GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos_ids).save_pretrained(path)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -261,21 +280,31 @@ def test_lora_trains_adapters_and_exports_a_merged_plain_model(
 
 
 def test_zero3_inference_generation_with_uneven_lengths_finishes(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto
+    resource_manager: ResourceManager, eos_list_path: str, batch: DataProto
 ) -> None:
-    cluster = start_role(resource_manager, model_path, zero_block(3), strategy="deepspeed_infer")
+    """ZeRO-3 generation on a model with a list of EOS ids and no pad: ranks stay in step, and the greedy samples,
+    their lengths and stop reasons are hf_infer's."""
+    cluster = start_role(resource_manager, eos_list_path, zero_block(3), strategy="deepspeed_infer")
+    greedy_args = GeneratingArguments(max_new_tokens=12, do_sample=False)
     try:
         args = GeneratingArguments(max_new_tokens=12, do_sample=True, temperature=1.5, seed=3)
         prompts = batch.select(batch_keys=["input_ids", "attention_mask"])
         # Rank 1 gets prompts whose samples stop at different steps from rank 0's; synced ranks must not hang.
         future = cluster.generate(prompts, args, blocking=False)
         output = future.get(timeout=300).batch["output_ids"]
+        greedy = cluster.generate(prompts, greedy_args)
         log_probs = cluster.log_probs(batch).batch["log_probs"]
     finally:
         cluster.shutdown()
     assert output.shape == (16, batch.batch["input_ids"].shape[1] + 12)
     assert torch.equal(output[:, : batch.batch["input_ids"].shape[1]], batch.batch["input_ids"])
     assert log_probs.shape == (16, batch.batch["input_ids"].shape[1] - 1) and torch.isfinite(log_probs).all()
+    model = AutoModelForCausalLM.from_pretrained(eos_list_path, dtype=torch.float32)
+    expected = generate_in_micro_batches(model, prompts, greedy_args, 4, "cpu")  # hf_infer's, 4 rows at a time
+    assert torch.equal(greedy.batch["output_ids"], expected.output_ids)
+    assert torch.equal(greedy.batch["response_lengths"], expected.response_lengths)
+    assert torch.equal(greedy.batch["truncated"], expected.truncated)
+    assert expected.truncated.any() and not expected.truncated.all()
 
 
 def test_hf_infer_matches_the_plain_model(resource_manager: ResourceManager, model_path: str, batch: DataProto) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.pipeline_runs import logged_metrics
+from tests.pipeline_runs import config_error_of, logged_metrics
+
+SFT = "examples/start_sft_pipeline.py"
 
 
 def test_a_dry_run_starts_no_ray() -> None:
@@ -25,6 +27,29 @@ def test_a_dry_run_starts_no_ray() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "nothing was started" in result.stdout and "== placement" in result.stdout
     assert "Started a local Ray instance" not in result.stderr
+
+
+def test_a_user_yaml_that_does_not_parse_is_a_config_error_naming_its_line(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - sft_arithmetic\n  - _self_\n\nmax_steps: [1\nseed: 2\n")
+    args = ["--config-dir", str(tmp_path), "--config-name", "mine", f"output_dir={tmp_path}"]
+    message = config_error_of(SFT, *args)
+    assert message.startswith(f"{tmp_path / 'mine.yaml'} line 6, column 5 does not parse as YAML: "), message
+
+
+def test_an_output_dir_that_cannot_be_written_is_a_config_error_before_hydra_writes(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for args in (["seed=1"], ["-m", "seed=1,2"]):  # Hydra writes a single run's files and a sweep's elsewhere
+        message = config_error_of(SFT, *args, f"output_dir={blocker}/out")
+        assert message == (
+            f"output_dir='{blocker}/out' cannot be written: {blocker} is a file, not a directory; point output_dir "
+            "at a writable directory"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    writable, unwritable = tmp_path / "out", f"{blocker}/hydra"
+    message = config_error_of(SFT, f"output_dir={writable}", f"hydra.run.dir={unwritable}")
+    assert message.startswith(f"hydra.run.dir='{unwritable}' cannot be written: "), message
+    assert not writable.exists()
 
 
 @pytest.mark.slow

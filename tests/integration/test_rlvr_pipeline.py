@@ -148,7 +148,7 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
 
 def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) -> None:
     critic = (
-        "critic={worker_cls: roll.pipeline.base_worker.CriticWorker, device_mapping: 0, "
+        "critic={worker_cls: roll.pipeline.base.rl_workers.CriticWorker, device_mapping: 0, "
         "model_args: {model_name_or_path: 'tiny://qwen2', dtype: fp32}, "
         "strategy_args: {strategy_name: deepspeed_train, strategy_config: '${deepspeed_zero3}'}, "
         "training_args: {per_device_train_batch_size: 32, gradient_accumulation_steps: 1, learning_rate: 1.0e-4}}"

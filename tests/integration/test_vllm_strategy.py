@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
@@ -16,13 +16,14 @@ from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
-from roll.distributed.strategy.engine_strategy import pack_generations
+from roll.distributed.strategy.engine_strategy import Samples, pack_generations
+from roll.distributed.strategy.hf_compute import generation_special_ids
 from roll.distributed.strategy.vllm_strategy import VllmStrategy
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
-from roll.utils.functionals import response_mask_from_ids
-from tests.strategy_workers import StrategyWorker
+from roll.utils.functionals import length_mask
+from tests.strategy_workers import StrategyWorker, generation_batch
 
 WORKER = "tests.integration.test_vllm_strategy.EngineWorker"
 GREEDY = GeneratingArguments(max_new_tokens=12, do_sample=False)
@@ -35,8 +36,7 @@ class EngineWorker(StrategyWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def generate_with_log_probs(self, batch: DataProto, args: GeneratingArguments) -> DataProto:
-        output_ids, log_probs = self.strategy.generate_with_log_probs(batch, args)
-        return DataProto.from_dict(tensors={"output_ids": output_ids, "log_probs": log_probs})
+        return generation_batch(self.strategy.generate_with_log_probs(batch, args))
 
     @register(Dispatch.ONE_TO_ALL)
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -100,15 +100,34 @@ def clusters(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]
 
 
 def hf_response_log_probs(
-    hf_cluster: Cluster, batch: DataProto, output_ids: torch.Tensor, model_path: str
+    hf_cluster: Cluster, batch: DataProto, generated: DataProto
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """hf_infer's log-probs of the generated tokens of `output_ids` `[B, max_new]`, and their response mask."""
+    """hf_infer's log-probs of the tokens `generated` for `batch` `[B, max_new]`, and their response mask."""
     prompt_length = batch.batch["input_ids"].shape[1]
-    tokenizer = load_tokenizer(model_path)
-    mask = response_mask_from_ids(output_ids[:, prompt_length:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+    output_ids = generated.batch["output_ids"]
+    mask = length_mask(generated.batch["response_lengths"], output_ids.shape[1] - prompt_length)
     attention_mask = torch.cat([batch.batch["attention_mask"], mask], dim=1)
     scored = DataProto.from_dict(tensors={"input_ids": output_ids, "attention_mask": attention_mask})
     return hf_cluster.log_probs(scored).batch["log_probs"][:, prompt_length - 1 :], mask.bool()
+
+
+def check_ends(generated: DataProto, prompt_length: int, model_path: str, args: GeneratingArguments) -> None:
+    """Each sample's reported length and stop reason agree with its ids: the engine's pad after the length; a
+    finished sample ends on an EOS or a stop string, a truncated one takes all max_new_tokens and ends on neither."""
+    pad, eos_ids = generation_special_ids(GenerationConfig.from_pretrained(model_path))
+    tokenizer = load_tokenizer(model_path)
+    rows = zip(
+        generated.batch["output_ids"][:, prompt_length:],
+        generated.batch["response_lengths"].tolist(),
+        generated.batch["truncated"].tolist(),
+        strict=True,
+    )
+    for row, length, truncated in rows:
+        sampled = row[:length]
+        assert length > 0 and (row[length:] == pad).all()
+        text = tokenizer.decode(sampled)
+        stopped = int(sampled[-1]) in eos_ids or any(text.endswith(stop) for stop in args.stop_strings)
+        assert truncated != stopped and (length == args.max_new_tokens or not truncated), (row, length, truncated)
 
 
 def sync(cluster: Cluster, named_tensors: list[tuple[str, torch.Tensor]], buckets: int = 3) -> None:
@@ -121,11 +140,17 @@ def sync(cluster: Cluster, named_tensors: list[tuple[str, torch.Tensor]], bucket
 def test_pack_generations_uses_hf_infer_layout() -> None:
     input_ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
     args = GeneratingArguments(max_new_tokens=3, num_return_sequences=2)
-    output, log_probs = pack_generations(
-        input_ids, [[1], [2, 3], [4, 5, 6], []], args, 0, [[-1.0], [-2, -3], [-4] * 3, []]
-    )
-    assert output.tolist() == [[0, 5, 6, 1, 0, 0], [0, 5, 6, 2, 3, 0], [7, 8, 9, 4, 5, 6], [7, 8, 9, 0, 0, 0]]
-    assert log_probs.tolist() == [[-1, 0, 0], [-2, -3, 0], [-4, -4, -4], [0, 0, 0]]
+    samples = Samples([[1], [2, 3], [4, 5, 6], []], [False, False, True, False], [[-1.0], [-2, -3], [-4] * 3, []])
+    generation = pack_generations(input_ids, samples, args, 0)
+    assert generation.output_ids.tolist() == [
+        [0, 5, 6, 1, 0, 0],
+        [0, 5, 6, 2, 3, 0],
+        [7, 8, 9, 4, 5, 6],
+        [7, 8, 9, 0, 0, 0],
+    ]
+    assert generation.response_lengths.tolist() == [1, 2, 3, 0]
+    assert generation.truncated.tolist() == [False, False, True, False]
+    assert generation.log_probs.tolist() == [[-1, 0, 0], [-2, -3, 0], [-4, -4, -4], [0, 0, 0]]
 
 
 def test_config_errors_name_the_key(model_path: str) -> None:
@@ -141,18 +166,20 @@ def test_config_errors_name_the_key(model_path: str) -> None:
 def test_greedy_equals_hf_infer_token_for_token(
     clusters: dict[str, Cluster], batch: DataProto, model_path: str
 ) -> None:
-    vllm = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
-    hf = clusters["hf_infer"].generate(batch, GREEDY).batch["output_ids"]
+    vllm_generated, hf_generated = (clusters[name].generate(batch, GREEDY) for name in ("vllm", "hf_infer"))
+    vllm, hf = vllm_generated.batch["output_ids"], hf_generated.batch["output_ids"]
     prompt_length = batch.batch["input_ids"].shape[1]
     assert vllm.shape == hf.shape == (16, prompt_length + GREEDY.max_new_tokens)
     assert torch.equal(vllm[:, :prompt_length], batch.batch["input_ids"])
+    check_ends(vllm_generated, prompt_length, model_path, GREEDY)
     tokenizer = load_tokenizer(model_path)
     responses = vllm[:, prompt_length:]
-    after_response = response_mask_from_ids(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) == 0
-    assert (responses[after_response] == tokenizer.pad_token_id).all()
+    after_response = length_mask(vllm_generated.batch["response_lengths"], GREEDY.max_new_tokens) == 0
     agreement = (vllm == hf).all(dim=1).float().mean().item()
     print(f"greedy agreement with hf_infer (fp32): {agreement:.0%} of {len(vllm)} rows")
     assert torch.equal(vllm, hf)
+    for key in ("response_lengths", "truncated"):
+        assert torch.equal(vllm_generated.batch[key], hf_generated.batch[key])
     # Stop strings end both engines' samples at the same token: take the most common generated symbol. Not a
     # letter: transformers also matches stop strings inside special tokens' names ("<bos>"), vLLM does not.
     texts = [
@@ -161,9 +188,11 @@ def test_greedy_equals_hf_infer_token_for_token(
     ]
     stop = collections.Counter(c for c in "".join(texts) if not c.isalpha()).most_common(1)[0][0]
     stopped = dataclasses.replace(GREEDY, stop_strings=[stop])
-    vllm_stopped = clusters["vllm"].generate(batch, stopped).batch["output_ids"]
-    assert torch.equal(vllm_stopped, clusters["hf_infer"].generate(batch, stopped).batch["output_ids"])
-    assert not torch.equal(vllm_stopped, vllm)
+    vllm_stopped, hf_stopped = (clusters[name].generate(batch, stopped) for name in ("vllm", "hf_infer"))
+    check_ends(vllm_stopped, prompt_length, model_path, stopped)
+    for key in ("output_ids", "response_lengths", "truncated"):
+        assert torch.equal(vllm_stopped.batch[key], hf_stopped.batch[key])
+    assert not torch.equal(vllm_stopped.batch["output_ids"], vllm)
 
 
 @pytest.mark.slow
@@ -177,9 +206,10 @@ def test_sampling_layout_seed_stop_strings_and_log_probs(
     assert output.shape == (48, prompt_length + 12) and log_probs.shape == (48, 12)
     assert torch.equal(output[:, :prompt_length], batch.batch["input_ids"].repeat_interleave(3, dim=0))
     assert torch.equal(clusters["vllm"].generate(batch, args).batch["output_ids"], output)  # the seed reproduces
+    check_ends(first, prompt_length, model_path, args)
     tokenizer = load_tokenizer(model_path)
     responses = output[:, prompt_length:]
-    mask = response_mask_from_ids(responses, tokenizer.eos_token_id, tokenizer.pad_token_id).bool()
+    mask = length_mask(first.batch["response_lengths"], args.max_new_tokens).bool()
     assert (log_probs[~mask] == 0).all() and (log_probs[mask] < 0).all()
     texts = [tokenizer.decode(row[keep]) for row, keep in zip(responses, mask, strict=True)]
     assert all("=" not in text[:-1] for text in texts)  # generation stops at the first stop string
@@ -189,7 +219,7 @@ def test_sampling_layout_seed_stop_strings_and_log_probs(
 
 @pytest.mark.slow
 def test_new_weights_give_hf_infer_outputs_and_log_probs(
-    clusters: dict[str, Cluster], batch: DataProto, weights: dict, model_path: str
+    clusters: dict[str, Cluster], batch: DataProto, weights: dict
 ) -> None:
     before = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
     try:
@@ -198,7 +228,7 @@ def test_new_weights_give_hf_infer_outputs_and_log_probs(
         vllm = clusters["vllm"].generate(batch, GREEDY).batch["output_ids"]
         hf = clusters["hf_infer"].generate(batch, GREEDY).batch["output_ids"]
         sampled = clusters["vllm"].generate_with_log_probs(batch, SAMPLED)
-        hf_log_probs, mask = hf_response_log_probs(clusters["hf_infer"], batch, sampled.batch["output_ids"], model_path)
+        hf_log_probs, mask = hf_response_log_probs(clusters["hf_infer"], batch, sampled)
     finally:
         for cluster in clusters.values():
             sync(cluster, weights["old"], buckets=1)
@@ -264,7 +294,7 @@ def test_bf16_engine_in_its_own_process_takes_weights_through_files(
     try:
         sync(hf, weights["new"])
         expected = hf.generate(batch, GREEDY).batch["output_ids"]
-        hf_log_probs, mask = hf_response_log_probs(hf, batch, sampled.batch["output_ids"], model_path)
+        hf_log_probs, mask = hf_response_log_probs(hf, batch, sampled)
     finally:
         sync(hf, weights["old"], buckets=1)
     diff = (hf_log_probs - sampled.batch["log_probs"]).abs()[mask]

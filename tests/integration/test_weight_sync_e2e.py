@@ -29,7 +29,7 @@ from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import TinyModelSpec, make_tiny_model
-from roll.pipeline.base_worker import ActorWorker
+from roll.pipeline.base.rl_workers import ActorWorker
 from roll.platforms import get_platform
 from tests.integration.test_deepspeed_strategy import zero_block
 
@@ -44,9 +44,9 @@ class EngineActorWorker(ActorWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def generate_with_log_probs(self, batch: DataProto, args: GeneratingArguments) -> DataProto:
-        output_ids, engine_log_probs = self.strategy.generate_with_log_probs(batch, args)
-        rollout = self.to_rollout(batch, output_ids, args)
-        return rollout.union(DataProto.from_dict(tensors={"engine_log_probs": engine_log_probs}))
+        generation = self.strategy.generate_with_log_probs(batch, args)
+        rollout = self.to_rollout(batch, generation, args)
+        return rollout.union(DataProto.from_dict(tensors={"engine_log_probs": generation.log_probs}))
 
 
 def role(

@@ -7,18 +7,18 @@ import math
 import pytest
 import torch
 
-from roll.configs.algorithm_config import AlgorithmArguments
-from roll.configs.schema import ConfigError
-from roll.utils.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator
-from roll.utils.functionals import group_stats
-from roll.utils.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
-from roll.utils.ppo_losses import aggregate_loss, entropy_from_logits, kl_loss, policy_loss, value_loss
-from roll.utils.reward_processing import (
+from roll.algorithms.advantages import ADVANTAGE_ESTIMATORS, get_advantage_estimator
+from roll.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
+from roll.algorithms.policy_losses import aggregate_loss, entropy_from_logits, kl_loss, policy_loss, value_loss
+from roll.algorithms.reward_shaping import (
     clip_scores,
     dynamic_sampling_keep,
     group_index_from_repeat,
     normalize_scores,
 )
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.schema import ConfigError
+from roll.utils.functionals import group_stats
 
 
 def t(*rows: object) -> torch.Tensor:

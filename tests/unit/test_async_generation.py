@@ -13,7 +13,7 @@ import torch
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.residency import Residency
+from roll.pipeline.base.residency import Residency
 from roll.pipeline.rlvr.async_generation import POLICY_VERSION, InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from tests.unit.test_config_validation import rlvr

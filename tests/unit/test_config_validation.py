@@ -10,8 +10,6 @@ import copy
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 import time
 import types
 import typing
@@ -25,15 +23,20 @@ from omegaconf import OmegaConf
 
 from roll.configs.hydra_defaults import dataclass_in, schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
+from roll.configs.model_dir import TOKENIZER_FILES
 from roll.configs.schema import ConfigError, Rule, field_rule, from_dict
-from roll.pipeline.base_config import PipelineConfig
+from roll.models.tiny import build_char_tokenizer
+from roll.pipeline.base.checkpoint_state import save_driver_state
+from roll.pipeline.base.pipeline_config import PipelineConfig
+from roll.pipeline.base.training_loop import TrainingRunPipeline
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.sft.sft_config import SFTConfig
-from tests.conftest import CONFIG_DIR, REPO_ROOT
+from tests.conftest import CONFIG_DIR
+from tests.pipeline_runs import config_error_of
 from tests.unit.test_hydra_configs import compose_config
 
 PIPELINES: dict[type[PipelineConfig], tuple[str, list[str]]] = {
@@ -220,18 +223,26 @@ def write_problems(path: Path, count: int) -> str:
     return str(path)
 
 
-def fake_model(directory: Path, **config: int) -> str:
-    """A model directory holding only what validation reads: config.json and a tokenizer config."""
+def fake_model(directory: Path, *, chat_template: bool = True, **config: int) -> str:
+    """A model directory holding only what validation reads: config.json and a tokenizer (the tiny char-level one,
+    with or without its chat template)."""
     directory.mkdir()
     sizes = {"max_position_embeddings": 512, "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4}
     (directory / "config.json").write_text(json.dumps({**sizes, "num_key_value_heads": 2, **config}))
-    (directory / "tokenizer_config.json").write_text("{}")
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = tokenizer.chat_template if chat_template else None
+    tokenizer.save_pretrained(directory)
     return str(directory)
 
 
 def rlvr(*overrides: str) -> RLVRConfig:
     cfg = compose_config("rlvr_arithmetic", [*ON_THIS_MACHINE, "pretrain=tiny://qwen2", *overrides])
     return load_pipeline_config(cfg, RLVRConfig, BLOCKS)
+
+
+def dpo(*overrides: str) -> DPOConfig:
+    cfg = compose_config("dpo_arithmetic", [*ON_THIS_MACHINE, "pretrain=tiny://qwen2", *overrides])
+    return load_pipeline_config(cfg, DPOConfig, BLOCKS)
 
 
 def sft(*overrides: str) -> SFTConfig:
@@ -282,7 +293,7 @@ def test_the_issue_examples_name_field_value_and_range() -> None:
             ["pretrain='tiny://qwen2?layers=3'"],
             r"actor_train.model_args.model_name_or_path: .*unknown tiny-model option",
         ),
-        (["actor_train.worker_cls=roll.pipeline.base_worker.NoSuchWorker"], r"actor_train.worker_cls .* cannot be"),
+        (["actor_train.worker_cls=roll.pipeline.base.rl_workers.NoSuchWorker"], r"actor_train.worker_cls .* cannot be"),
         (["rewards.math.reward_fn=roll.rewards.functions.nothing"], r"rewards.math.reward_fn: reward_fn .* cannot"),
         (["rollout_batch_size=1024"], r"rollout_batch_size=1024 is more than the \d+ training problems"),
         (["resume_from_checkpoint=latest"], r"resume_from_checkpoint='latest': no complete checkpoint in /"),
@@ -344,7 +355,8 @@ def test_a_generation_that_cannot_fit_in_memory_names_what_to_lower(tmp_path: Pa
 
 def test_model_directory_needs_a_parsing_config_and_a_tokenizer(tmp_path: Path) -> None:
     model = Path(fake_model(tmp_path / "model"))
-    (model / "tokenizer_config.json").unlink()
+    for name in TOKENIZER_FILES:
+        (model / name).unlink(missing_ok=True)
     with pytest.raises(ConfigError, match=r"holds no tokenizer"):
         rlvr(f"pretrain={model}")
     (model / "tokenizer_config.json").write_text("{")
@@ -375,15 +387,102 @@ def test_sft_checks_response_length_and_batch_against_its_inputs(tmp_path: Path)
 )
 def test_the_entry_point_exits_2_with_one_line_before_ray(override: str, message: str) -> None:
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "examples/start_rlvr_pipeline.py", "platform=cpu", "devices_per_node=2", override],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
-    assert len(errors) == 1 and errors[0].startswith(message), result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and "Started a local Ray" not in result.stderr
+    error = config_error_of("examples/start_rlvr_pipeline.py", "platform=cpu", "devices_per_node=2", override)
+    assert f"config error: {error}".startswith(message), error
     assert time.monotonic() - started < 60
+
+
+def dotted_fields(data: dict[str, Any], path: str = "") -> Iterator[str]:
+    """The field paths in `data` whose value is a dotted path of one of roll's objects (worker classes, reward
+    functions: whatever validation imports)."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from dotted_fields(value, f"{path}{key}.")
+        elif isinstance(value, str) and re.fullmatch(r"roll(\.\w+)+", value):
+            yield f"{path}{key}"
+
+
+@pytest.mark.parametrize("schema", list(PIPELINES), ids=lambda s: s.__name__)
+def test_a_user_module_that_raises_on_import_is_a_config_error_naming_it(
+    valid_configs: dict[type, dict[str, Any]], schema: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "user_code_that_raises.py").write_text("import math\n\nRATIO = 1 / 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fields = list(dotted_fields(valid_configs[schema]))
+    assert any(field.endswith("worker_cls") for field in fields), fields
+    for field in fields:
+        data = copy.deepcopy(valid_configs[schema])
+        *parents, leaf = field.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        node[leaf] = "user_code_that_raises.Thing"
+        with pytest.raises(ConfigError) as error:
+            load_pipeline_config(data, schema, BLOCKS)
+        assert_names_field(str(error.value), field)
+        assert (
+            "cannot be imported: module 'user_code_that_raises' raised ZeroDivisionError: division by zero "
+            f"({tmp_path}/user_code_that_raises.py:3)"
+        ) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "model_setting"),
+    [
+        ("sft_arithmetic", SFTConfig, "actor_train.model_args.model_name_or_path"),
+        ("rlvr_arithmetic", RLVRConfig, "pretrain"),
+        ("dpo_arithmetic", DPOConfig, "pretrain"),
+        ("distill_arithmetic", DistillConfig, "student.model_args.model_name_or_path"),
+    ],
+)
+def test_a_check_that_needs_the_tokenizer_runs_in_validate_for_built_in_data_too(
+    tmp_path: Path, name: str, schema: type, model_setting: str
+) -> None:
+    model = fake_model(tmp_path / "model", chat_template=False)
+    overrides = [*ON_THIS_MACHINE, f"output_dir={tmp_path}", f"{model_setting}={model}"]
+    overrides.append("data.apply_chat_template=true")
+    if schema is DistillConfig:
+        overrides.append(f"pretrain={model}")  # the teacher
+    with pytest.raises(ConfigError, match=r"^data.apply_chat_template=true but the tokenizer of .* has no chat templ"):
+        load_pipeline_config(compose_config(name, overrides), schema, BLOCKS)
+
+
+def test_an_output_directory_that_cannot_be_written_is_a_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for overrides, setting in [
+        ([f"output_dir={blocker}/out"], "output_dir"),
+        ([f"output_dir={tmp_path}", f"run_dir={blocker}/run"], "run_dir"),
+        ([f"output_dir={tmp_path}", f"export_dir={blocker}/model"], "export_dir"),
+    ]:
+        fix = f"{blocker} is a file, not a directory; point {setting} at a writable directory"
+        with pytest.raises(ConfigError, match=rf"^{setting}='{blocker}/\w+' cannot be written: {fix}$"):
+            rlvr(*overrides)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_resume_from_checkpoint_honours_a_full_path_exactly_as_given(tmp_path: Path) -> None:
+    other = tmp_path / "other_run" / "checkpoints"
+    state = {"step": 2, "sampler": {"epoch": 0, "position": 4}, "val_history": []}
+    save_driver_state(other, "step_2", state)
+    output = f"output_dir={tmp_path / 'new'}"
+    config = rlvr(output, f"resume_from_checkpoint={other / 'step_2'}")
+    assert (config.resume_root, config.resume_tag) == (other, "step_2")
+    assert (rlvr(output, f"resume_from_checkpoint={other / 'latest'}").resume_tag) is None
+    with pytest.raises(ConfigError, match=rf"no complete checkpoint at {other}/step_9; name a saved step"):
+        rlvr(output, f"resume_from_checkpoint={other / 'step_9'}")
+    # A bare tag and `latest` name this run's own checkpoints.
+    save_driver_state(config.checkpoint_root, "step_1", state)
+    assert rlvr(output, "resume_from_checkpoint=step_1").resume_root == config.checkpoint_root
+    assert rlvr(output, "resume_from_checkpoint=latest").resume_root == config.checkpoint_root
+
+    class Run(TrainingRunPipeline):
+        trained_role = "actor_train"
+
+    loaded: list[object] = []
+    run = object.__new__(Run)
+    run.config = dpo(output, f"resume_from_checkpoint={other / 'step_2'}")
+    run.clusters = {"actor_train": types.SimpleNamespace(load_checkpoint=lambda *where: loaded.append(where))}
+    run.sampler = types.SimpleNamespace(load_state_dict=loaded.append)
+    assert run.resume() == state
+    assert loaded == [(str(other / "actor_train"), "step_2"), state["sampler"]]

@@ -15,7 +15,7 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import ModelArguments, StrategyArguments, WorkerConfig
 from roll.distributed.strategy.registry import check_strategy_args
 from roll.models.hf_weights import hf_named_weights
-from roll.models.memory_estimate import estimate_rank
+from roll.pipeline.base.dry_run.rank_estimate import estimate_rank
 from roll.third_party.deepspeed import checkpoint
 from roll.third_party.deepspeed.autotp import gathered_parameters, tensor_parallel_layer
 from tests.conftest import CONFIG_DIR
@@ -68,6 +68,20 @@ def test_exported_weights_are_the_unsharded_models() -> None:
     assert sharded[0].weight.shape == (2, 3)
 
 
+def test_gathered_parameters_hands_deepspeed_layers_their_own_bias() -> None:
+    """A sub-parameter layer (fused QKV) tells its bias from its weight by identity, as every AutoTP layer does."""
+    from deepspeed.module_inject.layers import SubParamLinearLayer
+
+    torch.manual_seed(0)
+    full = torch.nn.Linear(4, 6)
+    expected = {name: tensor.detach().clone() for name, tensor in full.state_dict().items()}
+    layer = SubParamLinearLayer(full, None, shape=(3, -1), partition_dim=0, name="qkv_proj")  # no group: 1 shard
+    held = [layer.weight.data_ptr(), layer.bias.data_ptr()]
+    with gathered_parameters([layer.weight, layer.bias], zero3=False):
+        assert torch.equal(layer.weight, expected["weight"]) and torch.equal(layer.bias, expected["bias"])
+    assert [layer.weight.data_ptr(), layer.bias.data_ptr()] == held  # the same shard tensors back
+
+
 class FakeEngine:
     """What checkpoint.load asks of an engine before DeepSpeed reads the files."""
 
@@ -89,7 +103,7 @@ def test_resume_at_another_tensor_parallel_size_is_refused(monkeypatch: pytest.M
 
 def tiny_train_role(block: dict[str, Any]) -> WorkerConfig:
     role = WorkerConfig(
-        worker_cls="roll.pipeline.base_worker.ActorWorker",
+        worker_cls="roll.pipeline.base.rl_workers.ActorWorker",
         device_mapping="0-3",
         model_args=ModelArguments(model_name_or_path="tiny://qwen2"),
         strategy_args=StrategyArguments(strategy_name="deepspeed_train", strategy_config=block),

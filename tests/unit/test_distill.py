@@ -10,8 +10,8 @@ import pytest
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.models.tiny import build_char_tokenizer, make_tiny_model
+from roll.pipeline.base.dry_run.plan import dry_run_report
 from roll.pipeline.distill.distill_config import DistillConfig
-from roll.pipeline.dry_run import dry_run_report
 from tests.conftest import CONFIG_DIR
 from tests.unit.test_hydra_configs import compose_config
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from roll.utils.distill_losses import (
+from roll.algorithms.distillation_losses import (
     TAIL_FLOOR,
     distillation_loss,
     support_log_probs,

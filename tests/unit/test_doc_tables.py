@@ -94,7 +94,7 @@ def test_command_line_drops_write_docs_and_names_the_environment(monkeypatch: py
 
 
 def test_rlvr_phase_names_are_every_phase_phases_py_declares() -> None:
-    from roll.pipeline.residency import Phase
+    from roll.pipeline.base.residency import Phase
     from roll.pipeline.rlvr import phases
 
     declared = [v.name for v in vars(phases).values() if isinstance(v, Phase)]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roll.algorithms.preference_losses import dpo_loss, ranking_accuracy, sequence_log_probs
 from roll.configs.data_config import PreferenceDataArguments
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
@@ -17,7 +18,6 @@ from roll.datasets.preference_dataset import encode_pairs, load_preference_split
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.dpo.dpo_config import DPOConfig, PreferenceLossArguments
 from roll.pipeline.dpo.dpo_worker import pair_objective
-from roll.utils.dpo_losses import dpo_loss, ranking_accuracy, sequence_log_probs
 from tests.conftest import CONFIG_DIR
 from tests.unit.test_hydra_configs import compose_config
 

@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from roll.configs.loader import load_pipeline_config, yaml_names
-from roll.pipeline.dry_run import dry_run_report
+from roll.pipeline.base.dry_run.plan import dry_run_report
 from tests.conftest import CONFIG_DIR
 from tests.unit.test_hydra_configs import PIPELINE_SCHEMAS, compose_config
 

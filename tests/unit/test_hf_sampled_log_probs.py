@@ -12,8 +12,8 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import model_inputs
 from roll.distributed.strategy.hf_strategy import HfInferStrategy
-from roll.pipeline.base_worker import split_generation
-from roll.utils.functionals import response_log_probs, response_mask_from_ids
+from roll.pipeline.base.rl_workers import split_generation
+from roll.utils.functionals import response_log_probs
 from tests.unit.test_token_budget_equivalence import load, model_dir  # noqa: F401 (the fixture)
 
 MAX_NEW = 6
@@ -47,18 +47,17 @@ def test_hf_infer_log_probs_equal_a_forward_pass(model_dir: Path, temperature: f
     args = GeneratingArguments(
         max_new_tokens=MAX_NEW, temperature=temperature, top_p=top_p, num_return_sequences=2, seed=0
     )
-    output, log_probs = strategy(model, model_dir).generate_with_log_probs(batch, args)
-    assert output.shape == (10, 5 + MAX_NEW) and log_probs.shape == (10, MAX_NEW)
-    config = model.generation_config
-    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    rollout = split_generation(output, batch.batch["attention_mask"].repeat_interleave(2, 0), config.eos_token_id, pad)
+    generation = strategy(model, model_dir).generate_with_log_probs(batch, args)
+    log_probs = generation.log_probs
+    assert generation.output_ids.shape == (10, 5 + MAX_NEW) and log_probs.shape == (10, MAX_NEW)
+    rollout = split_generation(generation, batch.batch["attention_mask"].repeat_interleave(2, 0))
     with torch.no_grad():
         logits = model(**model_inputs(DataProto.from_dict(tensors=rollout), "cpu")).logits
     expected = response_log_probs(logits, rollout["input_ids"], MAX_NEW)
-    mask = response_mask_from_ids(rollout["responses"], config.eos_token_id, pad).bool()
+    mask = rollout["response_mask"].bool()
     assert mask.sum() > 10
     torch.testing.assert_close(log_probs[mask], expected[mask], atol=1e-5, rtol=1e-5)
-    assert (log_probs[mask] < 0).all()
+    assert (log_probs[mask] < 0).all() and (log_probs[~mask] == 0).all()
 
 
 def test_hf_infer_generates_the_same_tokens_with_and_without_log_probs(model_dir: Path) -> None:  # noqa: F811
@@ -66,4 +65,6 @@ def test_hf_infer_generates_the_same_tokens_with_and_without_log_probs(model_dir
     hf = strategy(load(model_dir), model_dir)
     batch = prompts(hf.model.config.vocab_size)
     args = GeneratingArguments(max_new_tokens=MAX_NEW, num_return_sequences=2, seed=1)
-    assert torch.equal(hf.generate(batch, args), hf.generate_with_log_probs(batch, args)[0])
+    plain, recorded = hf.generate(batch, args), hf.generate_with_log_probs(batch, args)
+    assert torch.equal(plain.output_ids, recorded.output_ids)
+    assert torch.equal(plain.response_lengths, recorded.response_lengths)

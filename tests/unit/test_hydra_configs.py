@@ -14,7 +14,7 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.datasets.gsm8k_format import write_gsm8k_format
-from roll.pipeline.base_config import PipelineConfig
+from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig

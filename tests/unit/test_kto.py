@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roll.algorithms.preference_losses import kto_loss, kto_reference_point
 from roll.configs.data_config import PreferenceDataArguments
 from roll.configs.schema import ConfigError
 from roll.datasets.arithmetic import arithmetic_problems
@@ -23,7 +24,6 @@ from roll.datasets.unpaired_dataset import (
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.dpo.dpo_config import PreferenceLossArguments
 from roll.pipeline.dpo.dpo_worker import kto_class_metrics, kto_objective
-from roll.utils.dpo_losses import kto_loss, kto_reference_point
 from tests.unit.test_dpo import dpo
 
 BETA = 0.5
@@ -115,7 +115,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def test_labelled_completions_from_a_file_and_a_bad_label_named_by_file_row_and_column(tmp_path: Path) -> None:
+def test_labelled_completions_from_a_file_and_a_bad_label_named_by_file_line_and_column(tmp_path: Path) -> None:
     rows = [
         {"question": "1+1=", "answer": "2", "ok": 1},
         {"question": [{"role": "user", "content": "2+2="}], "answer": "5", "ok": "false"},
@@ -130,7 +130,7 @@ def test_labelled_completions_from_a_file_and_a_bad_label_named_by_file_row_and_
     assert [(row.example.answer, row.desirable) for row in train] == [("2", True), ("5", False)]
     bad = write_jsonl(tmp_path / "bad.jsonl", [*rows, {"question": "3+3=", "answer": "6", "ok": "yes"}])
     data.train_file = bad
-    message = rf"data.train_file='{bad}' row 2 column 'ok' \(data.label_key\) holds 'yes', not a label"
+    message = rf"^data.train_file='{bad}' line 3: column 'ok' \(data.label_key\) holds 'yes', not a label"
     with pytest.raises(ConfigError, match=message):
         load_unpaired_splits(data, tokenizer, 4)
 
@@ -174,3 +174,15 @@ def test_unpaired_kto_plans_rows_and_the_mismatched_rows() -> None:
     assert plan[0] == "labelled completions: 30 per optimizer step = 30 rows"
     assert plan[2].startswith("reference: 30 rows per rank on 2 rank(s)")  # the rows and their mismatched rows
     assert plan[3].startswith("kto reference point: 30 mismatched rows")
+
+
+def test_held_out_completions_of_one_label_are_refused_in_validation(tmp_path: Path) -> None:
+    rows = [{"prompt": f"{i}+1=", "completion": str(i + 1), "label": i % 2} for i in range(40)]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    held_out = write_jsonl(tmp_path / "eval.jsonl", [row for row in rows if not row["label"]])
+    kto = ["loss.loss_type=kto", "data.format=unpaired", "batch_size=30", "data.apply_chat_template=false"]
+    kto.append("actor_train.training_args.per_device_train_batch_size=15")
+    files = [f"data.train_file={train}", f"data.eval_file={held_out}"]
+    message = rf"^the 20 rows of data.eval_file='{held_out}' \(eval_batch_size=0\) are all undesirable"
+    with pytest.raises(ConfigError, match=message):
+        dpo(f"output_dir={tmp_path}", *kto, *files)

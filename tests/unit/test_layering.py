@@ -12,11 +12,12 @@ from tests.conftest import REPO_ROOT
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
     ("roll.utils",),
+    ("roll.algorithms",),  # pure torch math: advantages, losses, KL, reward shaping
     ("roll.platforms",),
     ("roll.configs",),
     ("roll.distributed.scheduler",),  # DataProto, dispatch modes, rank layout, Ray start
     ("roll.distributed.weight_sync",),  # transports: plan, buckets, broadcast group, colocated hand-over
-    ("roll.models", "roll.datasets", "roll.rewards"),
+    ("roll.models", "roll.datasets", "roll.rewards", "roll.envs"),
     ("roll.third_party",),
     ("roll.distributed.strategy",),
     ("roll.distributed.executor",),
@@ -71,8 +72,38 @@ def test_no_import_of_a_higher_layer(module: str) -> None:
     assert not upward, f"{module} imports a higher layer: {upward}"
 
 
+def pipeline_family(module: str) -> str | None:
+    """The pipeline family (`rlvr`, `dpo`, ...) a module belongs to; None outside the families (`base` is none)."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[:2] == ["roll", "pipeline"] and parts[2] != "base":
+        return parts[2]
+    return None
+
+
+@pytest.mark.parametrize("module", sorted(m for m in roll_modules() if pipeline_family(m)))
+def test_no_pipeline_family_imports_another(module: str) -> None:
+    own = pipeline_family(module)
+    crossing = [
+        f"line {line}: {target}"
+        for target, line in imported_roll_modules(roll_modules()[module])
+        if pipeline_family(target) not in (None, own)
+    ]
+    assert not crossing, (
+        f"{module} imports another pipeline family (move what they share to roll.pipeline.base): {crossing}"
+    )
+
+
+def test_every_package_says_what_it_is_for() -> None:
+    silent = [
+        name
+        for name, path in roll_modules().items()
+        if path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert not silent, f"give these packages a docstring (what they hold, what they may import): {silent}"
+
+
 def test_the_check_catches_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from roll.pipeline.base_pipeline import BasePipeline\n")
-    assert [(m, layer_of(m)) for m, _ in imported_roll_modules(bad)] == [("roll.pipeline.base_pipeline", 9)]
-    assert layer_of("roll.configs.schema") < layer_of("roll.pipeline.base_pipeline")
+    bad.write_text("def f():\n    from roll.pipeline.base.pipeline import BasePipeline\n")
+    assert [(m, layer_of(m)) for m, _ in imported_roll_modules(bad)] == [("roll.pipeline.base.pipeline", 10)]
+    assert layer_of("roll.configs.schema") < layer_of("roll.pipeline.base.pipeline")

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from roll.algorithms import policy_losses
+from roll.algorithms.advantages import grpo_advantages
+from roll.algorithms.reward_shaping import overlong_penalty
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, StrategyArguments
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
-from roll.utils import ppo_losses
-from roll.utils.advantages import grpo_advantages
-from roll.utils.reward_processing import overlong_penalty, truncated_responses
 
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
 
@@ -23,10 +23,10 @@ def test_seq_mean_token_sum_norm_divides_by_a_constant_not_each_length():
     """Dr. GRPO: (sum_1 / L + sum_2 / L) / 2 with L the maximum response length, not each sequence's length."""
     loss_mat = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, 99.0, 99.0, 99.0]])
     # Sums 6 and 4 (the 99s are masked out).
-    assert ppo_losses.aggregate_loss(loss_mat, MASK, "seq-mean-token-sum-norm", 10).item() == pytest.approx(0.5)
-    assert ppo_losses.aggregate_loss(loss_mat, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(1.25)
+    assert policy_losses.aggregate_loss(loss_mat, MASK, "seq-mean-token-sum-norm", 10).item() == pytest.approx(0.5)
+    assert policy_losses.aggregate_loss(loss_mat, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(1.25)
     # The per-length normalisation it replaces: (6/3 + 4/1) / 2.
-    assert ppo_losses.aggregate_loss(loss_mat, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert policy_losses.aggregate_loss(loss_mat, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
 
 
 def test_dr_grpo_advantages_only_centre_the_group():
@@ -43,7 +43,7 @@ def test_gspo_ratio_is_the_geometric_mean_clipped_per_sequence():
     new = torch.tensor([[0.1, 0.3, 0.0, 50.0], [0.6, 0.4, 0.5, 0.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     advantages = torch.ones(2, 4)
-    loss, metrics = ppo_losses.policy_loss(
+    loss, metrics = policy_losses.policy_loss(
         new, old, advantages, mask, clip_high=0.28, agg_mode="seq-mean-token-mean", importance_level="sequence"
     )
     s1 = math.exp(0.2)
@@ -60,8 +60,8 @@ def test_gspo_does_not_clip_a_token_whose_sequence_ratio_is_inside():
     """Token log-ratios +0.5, -0.5: token-level clips the first, sequence-level sees ratio e^0 = 1 and clips nothing."""
     new, old = torch.tensor([[0.5, -0.5]]), torch.zeros(1, 2)
     advantages, mask = torch.ones(1, 2), torch.ones(1, 2)
-    _, token_metrics = ppo_losses.policy_loss(new, old, advantages, mask, importance_level="token")
-    loss, seq_metrics = ppo_losses.policy_loss(new, old, advantages, mask, importance_level="sequence")
+    _, token_metrics = policy_losses.policy_loss(new, old, advantages, mask, importance_level="token")
+    loss, seq_metrics = policy_losses.policy_loss(new, old, advantages, mask, importance_level="sequence")
     assert token_metrics["clipfrac"].item() == pytest.approx(0.5)
     assert seq_metrics["clipfrac"].item() == 0.0
     assert loss.item() == pytest.approx(-1.0)
@@ -72,7 +72,7 @@ def test_tis_weights_are_truncated_ratios_of_trainer_to_engine():
     old = torch.tensor([[0.0, -1.0, 3.0]])
     engine = torch.tensor([[-0.5, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    weights = ppo_losses.tis_weights(old, engine, mask, cap=1.5)
+    weights = policy_losses.tis_weights(old, engine, mask, cap=1.5)
     assert weights[0].tolist() == pytest.approx([1.5, math.exp(-1.0), 0.0])
 
 
@@ -81,11 +81,11 @@ def test_tis_metrics_report_mean_max_and_clipped_fraction_of_masked_tokens():
     old = torch.tensor([[0.0, -1.0, 3.0]])
     engine = torch.tensor([[-0.5, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    metrics = ppo_losses.tis_metrics(old, engine, mask, cap=1.5)
+    metrics = policy_losses.tis_metrics(old, engine, mask, cap=1.5)
     assert metrics["tis_weight_mean"].item() == pytest.approx((1.5 + math.exp(-1.0)) / 2)
     assert metrics["tis_weight_max"].item() == pytest.approx(1.5)
     assert metrics["tis_clipped_fraction"].item() == pytest.approx(0.5)
-    empty = ppo_losses.tis_metrics(old, engine, torch.zeros(1, 3), cap=1.5)
+    empty = policy_losses.tis_metrics(old, engine, torch.zeros(1, 3), cap=1.5)
     assert all(value.item() == 0.0 for value in empty.values())
 
 
@@ -94,20 +94,13 @@ def test_tis_weights_scale_the_policy_loss_and_carry_no_gradient():
     old = torch.tensor([[0.0, -1.0]], requires_grad=True)
     engine = torch.tensor([[-0.5, 0.0]])
     mask = torch.ones(1, 2)
-    weights = ppo_losses.tis_weights(old, engine, mask, cap=1.5)
+    weights = policy_losses.tis_weights(old, engine, mask, cap=1.5)
     assert not weights.requires_grad
     new = old.detach().clone().requires_grad_(True)
-    loss, _ = ppo_losses.policy_loss(new, old.detach(), torch.full((1, 2), 2.0), mask, token_weights=weights)
+    loss, _ = policy_losses.policy_loss(new, old.detach(), torch.full((1, 2), 2.0), mask, token_weights=weights)
     assert loss.item() == pytest.approx(-(1.5 + math.exp(-1.0)))
     loss.backward()
     assert new.grad[0].tolist() == pytest.approx([-1.5, -math.exp(-1.0)])
-
-
-def test_truncated_responses_hit_the_budget_without_eos():
-    """Budget 3, EOS 9: full without EOS -> truncated; full ending in EOS, or shorter -> not."""
-    responses = torch.tensor([[5, 6, 7], [5, 6, 9], [5, 9, 0], [0, 0, 0]])
-    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [0, 0, 0]])
-    assert truncated_responses(responses, mask, eos_token_id=9, max_length=3).tolist() == [True, False, False, False]
 
 
 def test_overlong_penalty_is_linear_over_the_buffer():

@@ -14,7 +14,8 @@ import torch
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.base_worker import MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS, ActorWorker
+from roll.distributed.strategy.strategy import Generation
+from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS, ActorWorker
 from tests.unit.test_token_budget_equivalence import (
     ATOL,
     LAYOUTS,
@@ -70,16 +71,15 @@ def test_tis_scales_the_policy_loss_by_the_engine_ratio(model_dir: Path) -> None
 class EngineStub:
     """generate_with_log_probs of an engine: fixed ids, log-probs -1, -2, ... (0 at padding, as the engines pad)."""
 
-    def generate_with_log_probs(self, batch: DataProto, args: GeneratingArguments) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate_with_log_probs(self, batch: DataProto, args: GeneratingArguments) -> Generation:
         output = torch.tensor([[1, 2, 5, 6, 0], [1, 2, 5, 0, 0]])  # prompt [1, 2]; EOS 0 = pad
-        return output, torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, 0.0]])
+        log_probs = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, 0.0]])
+        return Generation(output, torch.tensor([3, 2]), torch.tensor([False, False]), log_probs)
 
 
 def test_generate_carries_the_engine_log_probs_when_asked() -> None:
     """The rollout gets `engine_log_probs` masked like the response (EOS kept, padding 0)."""
-    fake = SimpleNamespace(
-        strategy=EngineStub(), tokenizer=SimpleNamespace(eos_token_id=0, pad_token_id=0), compute_seconds=0.0
-    )
+    fake = SimpleNamespace(strategy=EngineStub(), compute_seconds=0.0)
     fake.to_rollout = partial(ActorWorker.to_rollout, fake)
     prompts = DataProto.from_dict(
         tensors={"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.ones(1, 2, dtype=torch.long)},

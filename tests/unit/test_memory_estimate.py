@@ -14,23 +14,16 @@ import pytest
 import yaml
 
 from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
-from roll.models.memory_estimate import (
-    ENGINE_DEFAULTS,
-    STRATEGY_KINDS,
-    GiB,
-    MemoryItem,
-    ModelShape,
+from roll.pipeline.base.dry_run.activations import (
     activation_bytes,
-    estimate_rank,
     kv_cache_bytes,
     layer_activation_bytes,
     logits_bytes,
-    lora_params,
-    model_shape,
-    optimizer_step_bytes,
-    tiny_shape,
-    zero_model_states,
 )
+from roll.pipeline.base.dry_run.backend_ranks import ENGINE_DEFAULTS
+from roll.pipeline.base.dry_run.model_shape import ModelShape, lora_params, model_shape, tiny_shape
+from roll.pipeline.base.dry_run.model_states import GiB, MemoryItem, optimizer_step_bytes, zero_model_states
+from roll.pipeline.base.dry_run.rank_estimate import STRATEGY_KINDS, estimate_rank
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 # TinyModelSpec(): qwen2, hidden 128, 2 layers, 4 heads of 32, 2 KV heads, MLP 256, 88 tokens, untied.
@@ -150,7 +143,7 @@ def test_shapes_it_cannot_count_are_refused() -> None:
 def test_reading_a_model_directory_imports_no_torch(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
     code = (
-        "import sys; from roll.models.memory_estimate import model_shape; "
+        "import sys; from roll.pipeline.base.dry_run.model_shape import model_shape; "
         f"assert model_shape({str(tmp_path)!r}).param_count() == 494_032_768; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -304,7 +297,7 @@ def test_logits_by_hand() -> None:
 
 def train_role(block: dict[str, Any], ranks: int = 2, **training: Any) -> WorkerConfig:
     role = WorkerConfig(
-        worker_cls="roll.pipeline.base_worker.ActorWorker",
+        worker_cls="roll.pipeline.base.rl_workers.ActorWorker",
         device_mapping=f"0-{ranks - 1}",
         infer_batch_size=4,
         model_args=ModelArguments(model_name_or_path=TINY),
@@ -398,7 +391,7 @@ def test_lora_role_trains_only_adapters() -> None:
 
 def engine_role(strategy: str, config: dict[str, Any]) -> WorkerConfig:
     role = WorkerConfig(
-        worker_cls="roll.pipeline.base_worker.ActorWorker",
+        worker_cls="roll.pipeline.base.rl_workers.ActorWorker",
         device_mapping="0",
         model_args=ModelArguments(model_name_or_path=TINY),
         strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=config),

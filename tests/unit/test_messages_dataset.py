@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 
 from roll.configs.data_config import DataArguments
 from roll.datasets.prompt_dataset import Example, encode_demonstrations, encode_prompts, load_splits, pad_token_id
-from roll.datasets.sources import read_table
+from roll.datasets.sources import Source, read_table
 from roll.models.tiny import build_char_tokenizer
 
 CONVERSATIONS = [
@@ -128,7 +128,7 @@ def test_a_messages_file_equals_the_templated_prompt_answer_file_in_every_format
 def test_csv_columns_stay_text(tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
     path = tmp_path / "rows.csv"
     path.write_text('prompt,answer\n"What is 1/2?\nIn decimals.",0.50\n007,007\n')
-    assert read_table(str(path), "x").to_list() == [
+    assert read_table(Source.of("x", str(path))).to_list() == [
         {"prompt": "What is 1/2?\nIn decimals.", "answer": "0.50"},  # not 0.5
         {"prompt": "007", "answer": "007"},  # not 7
     ]

@@ -13,7 +13,7 @@ from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import TrainingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, model_inputs
-from roll.pipeline.base_worker import ActorWorker
+from roll.pipeline.base.rl_workers import ActorWorker
 from roll.pipeline.rlvr.rollout import compute_advantages
 
 ROWS, PROMPT, RESPONSE, VOCAB = 8, 3, 5, 16

@@ -16,7 +16,7 @@ from roll.distributed.scheduler.placement import (
     rank_placements,
 )
 
-WORKER = "roll.pipeline.base_worker.ActorWorker"
+WORKER = "roll.pipeline.base.rl_workers.ActorWorker"
 GIB = 2**30
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roll.algorithms.process_reward_losses import first_error_found, step_accuracy, step_bce_loss
 from roll.configs.data_config import PreferenceDataArguments
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
@@ -17,7 +18,6 @@ from roll.datasets.step_dataset import encode_steps, load_step_splits
 from roll.models.model_providers import load_model, load_tokenizer
 from roll.pipeline.rm.prm_worker import process_objective, response_scores
 from roll.pipeline.rm.rm_config import RMConfig
-from roll.utils.process_reward import first_error_found, step_accuracy, step_bce_loss
 from tests.conftest import CONFIG_DIR
 from tests.unit.test_hydra_configs import compose_config
 
@@ -104,11 +104,11 @@ def test_step_files_read_by_column_and_a_length_mismatch_names_file_row_and_fiel
     assert [ids[end] for end in train[0].step_ends] == [ids[-1], ids[-1]]  # each step's label at its separator's end
     bad = write_jsonl(tmp_path / "bad.jsonl", [*rows, {"q": "1+1+1=", "steps": ["1+1=2", "2+1=3"], "ok": [1]}])
     data.train_file = bad
-    message = rf"data.train_file='{bad}' row 2: data.step_labels_key='ok' holds 1 labels for the 2 steps"
+    message = rf"^data.train_file='{bad}' line 3: data.step_labels_key='ok' holds 1 labels for the 2 steps"
     with pytest.raises(ConfigError, match=message):
         load_step_splits(data, tokenizer, 32)
     data.train_file = write_jsonl(tmp_path / "label.jsonl", [{"q": "1+1=", "steps": ["1+1=2"], "ok": ["maybe"]}])
-    with pytest.raises(ConfigError, match=r"row 0 data.step_labels_key='ok' label 0 holds 'maybe', not a label"):
+    with pytest.raises(ConfigError, match=r"line 1: data.step_labels_key='ok' label 0 holds 'maybe', not a label"):
         load_step_splits(data, tokenizer, 32)
 
 

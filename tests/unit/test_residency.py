@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roll.pipeline.residency import Residency
+from roll.pipeline.base.residency import Residency
 from roll.pipeline.rlvr import phases
 
 

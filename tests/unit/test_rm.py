@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roll.algorithms.reward_model_losses import bradley_terry_loss
 from roll.configs.data_config import PreferenceDataArguments
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
@@ -16,11 +17,10 @@ from roll.configs.worker_config import ModelArguments
 from roll.datasets.arithmetic import arithmetic_problems
 from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
 from roll.models.model_providers import load_model, load_tokenizer
-from roll.pipeline.rlvr.reward_model_worker import sequence_scores
+from roll.pipeline.base.reward_model_worker import sequence_scores
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKER, RLVRConfig, check_reward_model_dir
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_worker import pairwise_objective
-from roll.utils.reward_losses import bradley_terry_loss
 from tests.conftest import CONFIG_DIR
 from tests.unit.test_hydra_configs import compose_config
 

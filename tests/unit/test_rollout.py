@@ -12,7 +12,7 @@ import torch
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.base_worker import ActorWorker
+from roll.pipeline.base.rl_workers import ActorWorker
 from roll.pipeline.rlvr.rollout import (
     compute_advantages,
     consumer_row_multiple,

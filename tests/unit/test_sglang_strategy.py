@@ -22,6 +22,7 @@ from roll.configs.worker_config import GeneratingArguments, ModelArguments, Stra
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import generate_in_micro_batches
 from roll.distributed.strategy.sglang_strategy import SglangStrategy
+from roll.distributed.strategy.strategy import Generation
 from roll.distributed.weight_sync.broadcast import (
     BroadcastGroup,
     SyncHeaders,
@@ -237,12 +238,18 @@ def fake_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=FakeEngine))
 
 
-def hf_reference(model_path: str, batch: DataProto, weights: list | None = None) -> torch.Tensor:
+def hf_reference(model_path: str, batch: DataProto, weights: list | None = None) -> Generation:
     """What hf_infer generates greedily for `batch`, optionally after loading `weights`."""
     model = load_model(ModelArguments(model_name_or_path=model_path, dtype="fp32")).eval()
     if weights:
         model.load_state_dict(dict(weights))
     return generate_in_micro_batches(model, batch, GREEDY, len(batch), "cpu")
+
+
+def same_generation(a: Generation, b: Generation) -> bool:
+    """The same ids, lengths and stop reasons."""
+    pairs = [(a.output_ids, b.output_ids), (a.response_lengths, b.response_lengths), (a.truncated, b.truncated)]
+    return all(torch.equal(x, y) for x, y in pairs)
 
 
 def test_config_errors_name_the_key(model_path: str) -> None:
@@ -265,7 +272,7 @@ def test_engine_arguments_and_greedy_output_in_hf_infer_layout(
     engine = strategy.engine
     assert engine.kwargs["dtype"] == "bfloat16" and engine.kwargs["enable_weights_cpu_backup"] is False
     engine.model.float()  # compare tokens with the fp32 hf_infer reference
-    assert torch.equal(strategy.generate(batch, GREEDY), hf_reference(model_path, batch))
+    assert same_generation(strategy.generate(batch, GREEDY), hf_reference(model_path, batch))
     _, request = engine.calls[-1]
     mask = batch.batch["attention_mask"].bool()
     assert request["input_ids"] == [row[m].tolist() for row, m in zip(batch.batch["input_ids"], mask, strict=True)]
@@ -277,7 +284,8 @@ def test_samples_are_prompt_major_seeded_per_row_with_log_probs(
 ) -> None:
     strategy = start(role_config(model_path))
     args = GeneratingArguments(max_new_tokens=10, num_return_sequences=3, temperature=0.9, seed=11, stop_strings=["="])
-    output, log_probs = strategy.generate_with_log_probs(batch, args)
+    generation = strategy.generate_with_log_probs(batch, args)
+    output, log_probs = generation.output_ids, generation.log_probs
     _, request = strategy.engine.calls[-1]
     prompts = request["input_ids"]
     assert len(prompts) == 3 * len(batch) and prompts[0] == prompts[1] == prompts[2] != prompts[3]
@@ -292,10 +300,13 @@ def test_samples_are_prompt_major_seeded_per_row_with_log_probs(
     )
     for row, result in enumerate(replay):
         ids, length = result["output_ids"], len(result["output_ids"])
+        assert generation.response_lengths[row] == length
+        assert generation.truncated[row] == (result["meta_info"]["finish_reason"]["type"] == "length")
         assert output[row, prompt_length : prompt_length + length].tolist() == ids
         assert (output[row, prompt_length + length :] == pad).all() and (log_probs[row, length:] == 0).all()
         expected = torch.tensor([entry[0] for entry in result["meta_info"]["output_token_logprobs"]])
         assert torch.allclose(log_probs[row, :length], expected)
+    assert generation.truncated.any() and not generation.truncated.all()  # samples ended both ways
 
 
 def test_load_weights_checks_then_updates_the_engine(
@@ -323,7 +334,7 @@ def test_load_weights_checks_then_updates_the_engine(
     _, sent = engine.calls[-3]
     assert {t.dtype for _, t in sent} == {torch.bfloat16}  # cast to the engine's dtype before serialising
     engine.model.float().load_state_dict(dict(new_weights))  # same values, fp32 for the token comparison
-    assert torch.equal(strategy.generate(batch, GREEDY), hf_reference(model_path, batch, new_weights))
+    assert same_generation(strategy.generate(batch, GREEDY), hf_reference(model_path, batch, new_weights))
 
 
 def test_offload_releases_and_a_level_2_wake_waits_for_a_full_sync(
@@ -339,7 +350,7 @@ def test_offload_releases_and_a_level_2_wake_waits_for_a_full_sync(
     with pytest.raises(RuntimeError, match=r"lacks .* level-2 sleep"):
         strategy.generate(batch, GREEDY)
     strategy.load_weights(new_weights[3:])
-    assert strategy.generate(batch, GREEDY).shape == (len(batch), batch.batch["input_ids"].shape[1] + 10)
+    assert strategy.generate(batch, GREEDY).output_ids.shape == (len(batch), batch.batch["input_ids"].shape[1] + 10)
     strategy.shutdown()
 
 
@@ -352,12 +363,13 @@ def test_real_engine_generates_like_hf_infer_and_takes_new_weights(
         pytest.skip("SGLang needs a CUDA device")
     strategy = start(role_config(model_path, {"mem_fraction_static": 0.3}), platform="cuda")
     try:
-        assert torch.equal(strategy.generate(batch, GREEDY), hf_reference(model_path, batch))
+        assert same_generation(strategy.generate(batch, GREEDY), hf_reference(model_path, batch))
         strategy.offload_states()
         strategy.load_states()
         strategy.load_weights(new_weights)
-        output, log_probs = strategy.generate_with_log_probs(batch, GREEDY)
-        assert torch.equal(output, hf_reference(model_path, batch, new_weights))
+        generation = strategy.generate_with_log_probs(batch, GREEDY)
+        assert same_generation(generation, hf_reference(model_path, batch, new_weights))
+        log_probs = generation.log_probs
         assert log_probs.dtype == torch.float32 and (log_probs <= 0).all()
     finally:
         strategy.shutdown()
@@ -382,4 +394,4 @@ def test_weights_arrive_over_the_broadcast_group_as_sglang_receives_them(
     calls = [call for call, _ in strategy.engine.calls]
     assert calls[0] == "init_weights_update_group" and calls[1] == "begin_weight_update"
     assert calls[-2:] == ["end_weight_update", "flush_cache"] and "update_weights_from_distributed" in calls
-    assert torch.equal(strategy.generate(batch, GREEDY), hf_reference(model_path, batch, new_weights))
+    assert same_generation(strategy.generate(batch, GREEDY), hf_reference(model_path, batch, new_weights))

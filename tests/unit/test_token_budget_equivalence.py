@@ -21,7 +21,7 @@ from roll.distributed.strategy.hf_compute import forward_in_micro_batches, optim
 from roll.distributed.strategy.micro_batches import TokenBudget
 from roll.models.model_providers import ModelKind, load_model
 from roll.models.tiny import TinyModelSpec, make_tiny_model
-from roll.pipeline.base_worker import ActorWorker, CriticWorker
+from roll.pipeline.base.rl_workers import ActorWorker, CriticWorker
 from tests.padded_rollouts import padded_rollout
 
 ROWS, PROMPT, RESPONSE = 8, 6, 7  # one optimizer step of 8 rows; the longest possible sequence is 13 tokens

@@ -1,6 +1,6 @@
 """The ZeRO memory benchmark's pieces that need neither Ray nor DeepSpeed: config, storage census.
 
-Its formulas are roll.models.memory_estimate.zero_model_states, tested in test_memory_estimate.py.
+Its formulas are roll.pipeline.base.dry_run.model_states.zero_model_states, tested in test_memory_estimate.py.
 """
 
 from __future__ import annotations

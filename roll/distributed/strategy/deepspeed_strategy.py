@@ -33,8 +33,14 @@ from roll.distributed.strategy.hf_compute import (
     generate_in_micro_batches,
     optimizer_step_losses,
 )
-from roll.distributed.strategy.micro_batches import token_budget
-from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider, TrainStrategy
+from roll.distributed.strategy.micro_batches import DataParallel, token_budget
+from roll.distributed.strategy.strategy import (
+    ForwardFunc,
+    Generation,
+    InferenceStrategy,
+    ModelProvider,
+    TrainStrategy,
+)
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import Gather, hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
@@ -136,8 +142,9 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
         return int(largest.item())
 
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Continuations of the prompts; at stage 3 and under AutoTP all ranks step together until the last finishes.
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """Continuations of the prompts with their lengths and stop reasons; at stage 3 and under AutoTP all ranks
+        step together until the last finishes.
 
         Tensor-parallel peers get the same prompts and seed, so they sample the same tokens.
         """
@@ -276,7 +283,9 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
 
         Micro-batches are `per_device_train_batch_size` rows, or formed by the token budget within each
         step (so the optimizer steps the same number of times); the mean of a step's micro-batch losses
-        is back-propagated.
+        is back-propagated and the engine averages the gradients over the data-parallel ranks. Each
+        micro-batch is told its step's counts summed over those ranks (the engine's data-parallel group:
+        under AutoTP not every rank), so a loss normalises over the global step (`step_normalised`).
         """
         args = self.worker_config.training_args
         micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
@@ -287,6 +296,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
             )
         self.engine.train()
         budget = token_budget(self.worker_config)
+        data_parallel = DataParallel(self.engine.dp_world_size, self.engine.data_parallel_group, self.device)
         sums: dict[str, float] = defaultdict(float)
         step_batches = batch.split(micro * accumulation)
         micro_count = 0
@@ -300,6 +310,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
                 budget,
                 self._agree_count,
                 self.engine.set_gradient_accumulation_boundary,
+                data_parallel,
             )
             for loss, metrics, last in losses:
                 micro_count += 1

@@ -3,7 +3,7 @@ weight-sync sessions, sleep and wake.
 
 `generate` returns hf_infer's layout exactly: each left-padded prompt row repeated
 `num_return_sequences` times (prompt-major), followed by its generated ids right-padded with the
-pad id to `max_new_tokens`.
+pad id to `max_new_tokens`, with each sample's length and whether the engine cut it at `max_new_tokens`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,23 @@ from transformers import AutoConfig, GenerationConfig
 from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy
+from roll.distributed.strategy.hf_compute import generation_special_ids
+from roll.distributed.strategy.strategy import ForwardFunc, Generation, InferenceStrategy
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, spec_of
 from roll.models.hf_weights import hf_weight_shapes
 from roll.platforms import Platform
 
 ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # model_args.dtype -> engine dtype
-# Per-sample token ids, and their log-probs when asked for.
-Samples = tuple[list[list[int]], list[list[float]] | None]
+
+
+@dataclass
+class Samples:
+    """An engine's samples, prompt-major: each one's token ids (the final EOS or stop-string token included),
+    whether the engine cut it at max_new_tokens, and the ids' log-probs when asked for."""
+
+    token_ids: list[list[int]]
+    truncated: list[bool]
+    log_probs: list[list[float]] | None = None
 
 
 @dataclass
@@ -46,13 +55,12 @@ class EngineConfig:
 
 
 def generation_pad_token_id(model_path: str) -> int:
-    """The pad id `model.generate` pads with (the generation config's pad id, else its eos id), as hf_infer uses."""
+    """The pad id `model.generate` pads with (the generation config's pad id, else its first EOS), as hf_infer uses."""
     try:
         config = GenerationConfig.from_pretrained(model_path)
     except OSError:
         config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
-    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    return pad[0] if isinstance(pad, list) else pad
+    return generation_special_ids(config)[0]
 
 
 def prompt_token_ids(batch: DataProto) -> list[list[int]]:
@@ -62,23 +70,24 @@ def prompt_token_ids(batch: DataProto) -> list[list[int]]:
 
 
 def pack_generations(
-    input_ids: torch.Tensor,
-    responses: list[list[int]],
-    args: GeneratingArguments,
-    pad_token_id: int,
-    log_probs: list[list[float]] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """hf_infer's layout from per-sample token lists ordered prompt-major, and the log-probs padded with 0."""
+    input_ids: torch.Tensor, samples: Samples, args: GeneratingArguments, pad_token_id: int
+) -> Generation:
+    """hf_infer's layout from per-sample token lists ordered prompt-major; the log-probs padded with 0."""
     n, width = args.num_return_sequences, args.max_new_tokens
-    if len(responses) != len(input_ids) * n:
-        raise RuntimeError(f"the engine returned {len(responses)} samples for {len(input_ids)} prompts x {n}")
-    generated = torch.full((len(responses), width), pad_token_id, dtype=input_ids.dtype)
-    sampled_log_probs = None if log_probs is None else torch.zeros(len(responses), width)
-    for row, ids in enumerate(responses):
+    if len(samples.token_ids) != len(input_ids) * n:
+        raise RuntimeError(f"the engine returned {len(samples.token_ids)} samples for {len(input_ids)} prompts x {n}")
+    generated = torch.full((len(samples.token_ids), width), pad_token_id, dtype=input_ids.dtype)
+    log_probs = None if samples.log_probs is None else torch.zeros(len(samples.token_ids), width)
+    for row, ids in enumerate(samples.token_ids):
         generated[row, : len(ids)] = torch.tensor(ids[:width], dtype=input_ids.dtype)
-        if sampled_log_probs is not None:
-            sampled_log_probs[row, : len(ids)] = torch.tensor(log_probs[row][:width])
-    return torch.cat([input_ids.repeat_interleave(n, dim=0), generated], dim=1), sampled_log_probs
+        if log_probs is not None:
+            log_probs[row, : len(ids)] = torch.tensor(samples.log_probs[row][:width])
+    return Generation(
+        output_ids=torch.cat([input_ids.repeat_interleave(n, dim=0), generated], dim=1),
+        response_lengths=torch.tensor([min(len(ids), width) for ids in samples.token_ids], dtype=torch.long),
+        truncated=torch.tensor(samples.truncated, dtype=torch.bool),
+        log_probs=log_probs,
+    )
 
 
 def memory_in_use(platform: Platform) -> int:
@@ -155,27 +164,23 @@ class EngineStrategy(InferenceStrategy):
             "generate_with_log_probs"
         )
 
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Prompt ids followed by generated ids, `[B * n, prompt + max_new_tokens]`, in hf_infer's layout."""
-        return self._generate(batch, generating_args, with_log_probs=False)[0]
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """The prompts' samples in hf_infer's layout, with their lengths and stop reasons."""
+        return self._generate(batch, generating_args, with_log_probs=False)
 
-    def generate_with_log_probs(
-        self, batch: DataProto, generating_args: GeneratingArguments
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`generate`'s ids, and the engine's log-prob of each generated token `[B * n, max_new_tokens]` (0 at padding).
+    def generate_with_log_probs(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """`generate`'s samples, with the engine's log-prob of each generated token `[B * n, max_new_tokens]` (0 at
+        padding).
 
         The log-probs are taken before temperature, top-k and top-p, i.e. what an hf/deepspeed forward
         pass gives for the same tokens.
         """
-        output_ids, log_probs = self._generate(batch, generating_args, with_log_probs=True)
-        return output_ids, log_probs
+        return self._generate(batch, generating_args, with_log_probs=True)
 
-    def _generate(
-        self, batch: DataProto, args: GeneratingArguments, with_log_probs: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _generate(self, batch: DataProto, args: GeneratingArguments, with_log_probs: bool) -> Generation:
         self._check_serving()
-        responses, log_probs = self._sample(prompt_token_ids(batch), args, with_log_probs)
-        return pack_generations(batch.batch["input_ids"], responses, args, self.pad_token_id, log_probs)
+        samples = self._sample(prompt_token_ids(batch), args, with_log_probs)
+        return pack_generations(batch.batch["input_ids"], samples, args, self.pad_token_id)
 
     @abstractmethod
     def _sample(self, prompts: list[list[int]], args: GeneratingArguments, with_log_probs: bool) -> Samples:

@@ -8,19 +8,23 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.micro_batches import (
+    SINGLE_RANK,
+    DataParallel,
     MicroBatch,
     TokenBudget,
     plan_micro_batches,
     plan_step_micro_batches,
     restore_rows,
 )
-from roll.distributed.strategy.strategy import ForwardFunc
+from roll.distributed.strategy.strategy import ForwardFunc, Generation
 from roll.models.model_providers import load_tokenizer
+from roll.utils.functionals import length_mask
 from roll.utils.sequence_packing import pack_rows, unpack_rows
 
 
@@ -64,13 +68,16 @@ def optimizer_step_losses(
     budget: TokenBudget | None = None,
     agree_count: Callable[[int], int] = int,
     before_forward: Callable[[bool], None] | None = None,
+    data_parallel: DataParallel = SINGLE_RANK,
 ) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor], bool]]:
     """Forward each micro-batch of one optimizer step; yield (its loss / the step's micro-batch count, metrics, last).
 
-    The caller back-propagates each yielded loss before asking for the next, so their sum is the step's
-    loss. `before_forward(last)` runs before each forward (DeepSpeed marks its accumulation boundary).
+    The caller back-propagates each yielded loss before asking for the next, so their sum is this rank's
+    part of the step's loss; `data_parallel` are the ranks whose gradients the engine then averages (see
+    `plan_step_micro_batches`). `before_forward(last)` runs before each forward (DeepSpeed marks its
+    accumulation boundary).
     """
-    micro_batches = plan_step_micro_batches(step_batch, micro_batch_size, budget, agree_count)
+    micro_batches = plan_step_micro_batches(step_batch, micro_batch_size, budget, agree_count, data_parallel)
     for index, micro_batch in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         if before_forward is not None:
@@ -124,6 +131,50 @@ def cached_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     return load_tokenizer(model_path)
 
 
+def generation_special_ids(config: GenerationConfig) -> tuple[int, list[int]]:
+    """The pad id generation pads with and the EOS ids it stops at, from a model's generation config.
+
+    The EOS id may be a list (Llama-3-Instruct ends on either of two); without a pad id, samples are padded
+    with the first EOS, as `model.generate` does.
+    """
+    eos = config.eos_token_id
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    pad = config.pad_token_id if config.pad_token_id is not None else next(iter(eos_ids), None)
+    if pad is None:
+        raise ValueError("the model's generation config has neither a pad_token_id nor an eos_token_id to pad with")
+    return pad, eos_ids
+
+
+class SampleEnds(StoppingCriteria):
+    """A stopping criterion that records where each row of one `model.generate` call ended.
+
+    A row ends on a token of `eos_ids` or when its text ends with a stop string: the verdict `model.generate`
+    itself reaches on EOS (this criterion returns the same one, so stopping is unchanged), and the one that
+    ends a sample on its stop strings (which are therefore not passed to `model.generate`).
+    """
+
+    def __init__(
+        self, rows: int, prompt_width: int, eos_ids: list[int], stop_strings: StopStringCriteria | None
+    ) -> None:
+        self.prompt_width = prompt_width
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
+        self.stop_strings = stop_strings
+        self.ended_at = torch.zeros(rows, dtype=torch.long)  # tokens generated when each row ended; 0 while it runs
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        done = torch.isin(input_ids[:, -1], self.eos_ids.to(input_ids.device))
+        if self.stop_strings is not None:
+            done |= self.stop_strings(input_ids, scores)
+        ended_at = self.ended_at.to(input_ids.device)
+        self.ended_at = ended_at.masked_fill(done & (ended_at == 0), input_ids.shape[1] - self.prompt_width)
+        return done
+
+    def lengths(self, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's sampled tokens and whether it was cut (never ended) within the call's `generated` steps."""
+        truncated = self.ended_at.cpu() == 0
+        return self.ended_at.cpu().masked_fill(truncated, generated), truncated
+
+
 @torch.no_grad()
 def generate_in_micro_batches(
     model: torch.nn.Module,
@@ -133,8 +184,9 @@ def generate_in_micro_batches(
     device: torch.device | str,
     synced_ranks: bool = False,
     model_path: str = "",
-) -> torch.Tensor:
-    """Prompts followed by up to `max_new_tokens` generated tokens, padded to that full width (eval mode).
+) -> Generation:
+    """Prompts followed by up to `max_new_tokens` generated tokens padded to that full width, with each sample's
+    length and stop reason (eval mode).
 
     `synced_ranks` keeps ZeRO-3 ranks stepping together until every rank has finished (each
     forward gathers parameters from all ranks), so ranks whose sequences end early do not hang
@@ -143,20 +195,30 @@ def generate_in_micro_batches(
     of `model_path`.
     """
     model.eval()
-    config = model.generation_config
-    pad_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    kwargs = generation_kwargs(args, pad_id, config.eos_token_id)
+    pad_id, eos_ids = generation_special_ids(model.generation_config)
+    kwargs = generation_kwargs(args, pad_id, eos_ids)
+    stop_strings = None
     if args.stop_strings:
         if not model_path:
             raise ValueError("generation with stop_strings needs the model path, whose tokenizer matches them")
-        kwargs.update(stop_strings=list(args.stop_strings), tokenizer=cached_tokenizer(model_path))
+        stop_strings = StopStringCriteria(cached_tokenizer(model_path), list(args.stop_strings))
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    outputs = []
+    outputs, lengths, truncated = [], [], []
     for micro_batch in batch.split(micro_batch_size):
         inputs = model_inputs(micro_batch, device)
         inputs.pop("position_ids")  # generate derives positions from the mask at every step
-        output = model.generate(**inputs, **kwargs, synced_gpus=synced_ranks, use_cache=True)
-        width = inputs["input_ids"].shape[1] + args.max_new_tokens
-        outputs.append(F.pad(output, (0, width - output.shape[1]), value=pad_id).cpu())
-    return torch.cat(outputs)
+        prompt_width = inputs["input_ids"].shape[1]
+        ends = SampleEnds(len(micro_batch) * args.num_return_sequences, prompt_width, eos_ids, stop_strings)
+        output = model.generate(
+            **inputs, **kwargs, stopping_criteria=StoppingCriteriaList([ends]), synced_gpus=synced_ranks, use_cache=True
+        )
+        outputs.append(F.pad(output, (0, prompt_width + args.max_new_tokens - output.shape[1]), value=pad_id).cpu())
+        micro_lengths, micro_truncated = ends.lengths(output.shape[1] - prompt_width)
+        lengths.append(micro_lengths)
+        truncated.append(micro_truncated)
+    output_ids, response_lengths = torch.cat(outputs), torch.cat(lengths)
+    # model.generate pads the rows that ended only when the config has an EOS; every strategy pads after the length.
+    responses = output_ids[:, batch.batch["input_ids"].shape[1] :]
+    responses.masked_fill_(length_mask(response_lengths, args.max_new_tokens) == 0, pad_id)
+    return Generation(output_ids, response_lengths, torch.cat(truncated))

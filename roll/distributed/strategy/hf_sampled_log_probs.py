@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from roll.utils.functionals import length_mask
+
 
 class SampledLogProbs:
     """`model` for generation, recording the log-prob of every sampled token per `generate` call."""
@@ -36,6 +38,8 @@ class SampledLogProbs:
         self.calls.append(torch.stack(per_step, dim=1).cpu())
         return output.sequences
 
-    def log_probs(self, width: int) -> torch.Tensor:
-        """Every call's log-probs in order, right-padded with 0 to `width` (max_new_tokens): `[rows, width]`."""
-        return torch.cat([F.pad(lp, (0, width - lp.shape[1])) for lp in self.calls])
+    def log_probs(self, lengths: torch.Tensor, width: int) -> torch.Tensor:
+        """Every call's log-probs in order, `[rows, width]` (max_new_tokens); 0 after each row's length, as engines
+        report them (a row that ended early kept stepping on pad tokens while others ran)."""
+        log_probs = torch.cat([F.pad(lp, (0, width - lp.shape[1])) for lp in self.calls])
+        return log_probs * length_mask(lengths, width)

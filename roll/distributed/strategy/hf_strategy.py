@@ -10,7 +10,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, generate_in_micro_batches
 from roll.distributed.strategy.hf_sampled_log_probs import SampledLogProbs
 from roll.distributed.strategy.micro_batches import token_budget
-from roll.distributed.strategy.strategy import ForwardFunc, InferenceStrategy, ModelProvider
+from roll.distributed.strategy.strategy import ForwardFunc, Generation, InferenceStrategy, ModelProvider
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 
 
@@ -47,28 +47,24 @@ class HfInferStrategy(InferenceStrategy):
             token_budget(self.worker_config),
         )
 
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Sampled (or greedy) continuations of the prompts in `batch`."""
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """Sampled (or greedy) continuations of the prompts in `batch`, with their lengths and stop reasons."""
         return self._generate(self.model, batch, generating_args)
 
-    def generate_with_log_probs(
-        self, batch: DataProto, generating_args: GeneratingArguments
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`generate`'s ids, and the log-prob of each generated token `[B * n, max_new_tokens]`.
-
-        Positions after a sample's end hold the pad tokens' log-probs (0 where the whole micro-batch had
-        stopped); `ActorWorker.generate` masks them with the response mask.
+    def generate_with_log_probs(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """`generate`'s samples, with the log-prob of each generated token `[B * n, max_new_tokens]` (0 after it).
 
         The log-probs are the model's own, before temperature, top-k and top-p, as vLLM's and SGLang's
         (see `roll.distributed.strategy.hf_sampled_log_probs`).
         """
         recorder = SampledLogProbs(self.model)
-        output = self._generate(recorder, batch, generating_args)
-        return output, recorder.log_probs(generating_args.max_new_tokens)
+        generation = self._generate(recorder, batch, generating_args)
+        generation.log_probs = recorder.log_probs(generation.response_lengths, generating_args.max_new_tokens)
+        return generation
 
     def _generate(
         self, model: torch.nn.Module | SampledLogProbs, batch: DataProto, args: GeneratingArguments
-    ) -> torch.Tensor:
+    ) -> Generation:
         return generate_in_micro_batches(
             model,
             batch,

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from roll.algorithms.policy_losses import AGG_MODES, AggMode, aggregation_count
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.strategy import MICRO_BATCHES_IN_STEP, STEP_BATCH
+from roll.distributed.strategy.strategy import DATA_PARALLEL_SIZE, MICRO_BATCHES_IN_STEP, STEP_COUNTS
 from roll.utils.micro_batch_plan import plan_by_token_budget, split_to_count
+
+# The masks a training loss may normalise over a whole optimizer step (`step_normalised`): the response
+# tokens (actor, critic, SFT, distillation) and the process reward model's step ends.
+NORMALISED_MASKS = ("response_mask", "step_mask")
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,27 @@ def token_budget(worker_config: WorkerConfig) -> TokenBudget | None:
         packing=worker_config.sequence_packing,
         flash_varlen=worker_config.model_args.attn_implementation.startswith("flash_attention"),
     )
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """The data-parallel ranks whose gradients the engine averages: how many, their process group, and the
+    device its collectives take tensors on. Tensor-parallel peers hold the same rows and are not in it."""
+
+    size: int = 1
+    group: Any = None  # a torch.distributed process group; None: the default group
+    device: torch.device | str = "cpu"
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the group (`values` itself when this rank is the group)."""
+        if self.size == 1:
+            return values
+        summed = values.to(self.device)
+        torch.distributed.all_reduce(summed, group=self.group)
+        return summed.cpu()
+
+
+SINGLE_RANK = DataParallel()
 
 
 @dataclass
@@ -121,21 +148,57 @@ def plan_micro_batches(
     return micro_batches
 
 
+def step_counts(step_batch: DataProto, data_parallel: DataParallel) -> dict[tuple[str, AggMode], float]:
+    """What each aggregation mode divides by over each of `NORMALISED_MASKS` in `step_batch`, summed over the
+    data-parallel ranks (each holds its own part of the optimizer step): keyed by (mask, mode)."""
+    keys = [(key, mode) for key in NORMALISED_MASKS if key in step_batch.batch for mode in AGG_MODES]
+    counts = torch.tensor([aggregation_count(step_batch.batch[key], mode) for key, mode in keys], dtype=torch.float64)
+    return dict(zip(keys, data_parallel.sum(counts).tolist(), strict=True))
+
+
 def plan_step_micro_batches(
     step_batch: DataProto,
     micro_batch_size: int,
     budget: TokenBudget | None,
     agree_count: Callable[[int], int] = int,
+    data_parallel: DataParallel = SINGLE_RANK,
 ) -> list[MicroBatch]:
-    """The micro-batches of one optimizer step, each told its step (`STEP_BATCH`, `MICRO_BATCHES_IN_STEP`).
+    """The micro-batches of this rank's part of one optimizer step, each told the step's counts over every
+    data-parallel rank (`STEP_COUNTS`), this rank's micro-batch count (`MICRO_BATCHES_IN_STEP`) and the ranks'
+    count (`DATA_PARALLEL_SIZE`).
 
-    A loss function normalises over the whole step with them, so the mean of the micro-batch losses the
-    strategy back-propagates is the step's loss however the rows were grouped.
+    A loss function normalises over the whole global step with them (`step_normalised`), so the gradient
+    the engine averages over the ranks' micro-batch means is the global step's however the rows were grouped
+    and shared out.
     """
     micro_batches = plan_micro_batches(step_batch, micro_batch_size, budget, agree_count)
+    step = {
+        STEP_COUNTS: step_counts(step_batch, data_parallel),
+        MICRO_BATCHES_IN_STEP: len(micro_batches),
+        DATA_PARALLEL_SIZE: data_parallel.size,
+    }
     for micro_batch in micro_batches:
-        micro_batch.data.meta_info.update({STEP_BATCH: step_batch, MICRO_BATCHES_IN_STEP: len(micro_batches)})
+        micro_batch.data.meta_info.update(step)
     return micro_batches
+
+
+def step_normalised(
+    loss: torch.Tensor, micro_batch: DataProto, mode: AggMode, mask_key: str = "response_mask"
+) -> torch.Tensor:
+    """A micro-batch's `loss` (aggregated over its `mask_key` by `mode`) rescaled to its global step's normaliser.
+
+    With n the micro-batch's count (tokens for token-mean, else sequences with any), N the step's count
+    over every data-parallel rank, M this rank's micro-batches in the step and D the ranks, the loss is
+    scaled by n / N x M x D: the strategy's mean over the M micro-batches and the engine's mean over the D
+    ranks' gradients then give the loss aggregated over the whole global step (e.g. token-mean: the sum over
+    all its tokens divided by N), however the step's rows were grouped and shared out. Without step
+    information (`STEP_COUNTS`, e.g. a forward pass) `loss` is returned.
+    """
+    counts = micro_batch.meta_info.get(STEP_COUNTS)
+    if counts is None:
+        return loss
+    share = aggregation_count(micro_batch.batch[mask_key], mode) / max(counts[mask_key, mode], 1.0)
+    return loss * (share * micro_batch.meta_info[MICRO_BATCHES_IN_STEP] * micro_batch.meta_info[DATA_PARALLEL_SIZE])
 
 
 def restore_rows(

@@ -110,11 +110,15 @@ class SglangStrategy(EngineStrategy):
         if args.seed is not None:
             params = [{**params, "sampling_seed": args.seed + row} for row in range(len(rows))]
         results = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=with_log_probs)
-        responses = [list(result["output_ids"]) for result in results]
         log_probs = None
         if with_log_probs:
             log_probs = [[entry[0] for entry in result["meta_info"]["output_token_logprobs"]] for result in results]
-        return responses, log_probs
+        return Samples(
+            token_ids=[list(result["output_ids"]) for result in results],
+            # SGLang's finish_reason: {"type": "stop" (EOS, stop string), "length" or "abort", ...}.
+            truncated=[(result["meta_info"].get("finish_reason") or {}).get("type") == "length" for result in results],
+            log_probs=log_probs,
+        )
 
     # ---- weight sync: one SGLang weight-update session per sync ---------------------------------
 

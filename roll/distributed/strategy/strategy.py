@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -24,18 +25,39 @@ from roll.platforms import Platform
 
 # model(...) output -> (loss, per-sample or scalar metrics). For forward_step the loss is ignored
 # and each metric is a per-sample tensor; for train_step the loss is what is back-propagated: the
-# strategy back-propagates the mean of an optimizer step's micro-batch losses. Under a token budget
+# strategy back-propagates the mean of an optimizer step's micro-batch losses, and the gradients are
+# averaged over the data-parallel ranks. Under a token budget
 # (`max_tokens_per_microbatch`) a micro-batch is narrower than the batch (padding trimmed), and its
 # rows may be in another order (results are put back in the batch's order).
 ForwardFunc = Callable[[DataProto, Any], tuple[torch.Tensor | None, dict[str, torch.Tensor]]]
-# meta_info keys train_step sets on each micro-batch: the DataProto of its whole optimizer step and how
-# many micro-batches that step has. A loss normalised over the whole step (e.g. token-mean over all the
-# step's tokens) uses them: the micro-batches of one step may differ in rows and tokens.
-STEP_BATCH = "step_batch"
+# meta_info keys train_step sets on each micro-batch: what its optimizer step's losses divide by over every
+# data-parallel rank (`micro_batches.step_counts`), how many micro-batches this rank's part of the step has,
+# and how many data-parallel ranks average their gradients. A loss normalised over the whole global step
+# (e.g. token-mean over all the step's tokens on every rank) uses them (`micro_batches.step_normalised`): the
+# micro-batches of one step may differ in rows and tokens, and so may the ranks' parts of it.
+STEP_COUNTS = "step_counts"
 MICRO_BATCHES_IN_STEP = "micro_batches_in_step"
+DATA_PARALLEL_SIZE = "data_parallel_size"
 ModelProvider = Callable[[], torch.nn.Module]
 # Every backend class by its strategy_name, filled as backend modules are imported.
 REGISTERED_STRATEGIES: dict[str, type[InferenceStrategy]] = {}
+
+
+@dataclass
+class Generation:
+    """What a strategy generated for a batch of prompts: `num_return_sequences` samples per prompt, prompt-major.
+
+    `output_ids` `[B * n, prompt + max_new_tokens]`: each left-padded prompt row, then its sample's tokens,
+    right-padded with the pad id the strategy generated with. `response_lengths` `[B * n]`: the tokens the
+    engine sampled, the final EOS or stop-string token included. `truncated` `[B * n]` bool: the sample was
+    cut at max_new_tokens (no EOS, no stop string). `log_probs` `[B * n, max_new_tokens]` (from
+    `generate_with_log_probs` only): the engine's log-prob of each sampled token, 0 after the length.
+    """
+
+    output_ids: torch.Tensor
+    response_lengths: torch.Tensor
+    truncated: torch.Tensor
+    log_probs: torch.Tensor | None = None
 
 
 class StrategyHost(Protocol):
@@ -98,8 +120,8 @@ class InferenceStrategy(ABC):
         """Run `forward_func` on micro-batches of `batch` without gradients; concatenate its metrics."""
 
     @abstractmethod
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> torch.Tensor:
-        """Prompt ids plus generated tokens, `[batch * num_return_sequences, prompt + new]`, right-padded."""
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """The prompts' samples: ids with each sample's length and stop reason (see `Generation`)."""
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
         """Move the backend's states off the device; return metrics with the bytes moved per state kind.

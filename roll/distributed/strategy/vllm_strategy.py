@@ -129,7 +129,6 @@ class VllmStrategy(EngineStrategy):
             use_tqdm=False,
         )
         samples = [sample for output in outputs for sample in output.outputs]
-        responses = [list(sample.token_ids) for sample in samples]
         log_probs = None
         if with_log_probs:
             # vLLM's default `raw_logprobs`: log-softmax of the logits before temperature, top-k and top-p.
@@ -137,7 +136,11 @@ class VllmStrategy(EngineStrategy):
                 [position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs, strict=True)]
                 for sample in samples
             ]
-        return responses, log_probs
+        return Samples(
+            token_ids=[list(sample.token_ids) for sample in samples],
+            truncated=[sample.finish_reason == "length" for sample in samples],
+            log_probs=log_probs,
+        )
 
     def _sampling_params(
         self, args: GeneratingArguments, num_prompts: int, with_log_probs: bool

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from roll.configs.schema import check
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base_config import EXP_NAME, PipelineConfig
+from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 
 CHECK_WORKER = "roll.pipeline.cluster_check.cluster_check_worker.ClusterCheckWorker"
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.base_pipeline import BasePipeline
+from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 
 logger = logging.getLogger(__name__)

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from roll.algorithms.distillation_losses import DivergenceKind, Support
+from roll.algorithms.policy_losses import AggMode
 from roll.configs.data_config import DataArguments
 from roll.configs.schema import ConfigError, check
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base_config import EXP_NAME
-from roll.pipeline.teacher_checks import (
+from roll.pipeline.base.pipeline_config import EXP_NAME
+from roll.pipeline.base.teacher_checks import (
     check_same_vocabulary,
     check_teacher_model,
     check_teacher_strategy,
     shared_vocab_size,
 )
-from roll.pipeline.training_config import TrainingRunConfig
-from roll.utils.distill_losses import DivergenceKind, Support
-from roll.utils.ppo_losses import AggMode
+from roll.pipeline.base.training_config import TrainingRunConfig
 
 
 @dataclass
 class DistillLossArguments:
-    """The student's loss on the teacher's top-k tokens (`roll.utils.distill_losses`): forward KL, reverse KL, or
-    `forward_weight` x forward + (1 - forward_weight) x reverse (`mixed`), on the top-k `support` renormalized or
-    with a tail bucket, plus `nll_weight` x the demonstration's negative log-likelihood."""
+    """The student's loss on the teacher's top-k tokens (`roll.algorithms.distillation_losses`): forward KL,
+    reverse KL, or `forward_weight` x forward + (1 - forward_weight) x reverse (`mixed`), on the top-k `support`
+    renormalized or with a tail bucket, plus `nll_weight` x the demonstration's negative log-likelihood."""
 
     kind: DivergenceKind = "forward"
     # mixed only: the forward KL's share.

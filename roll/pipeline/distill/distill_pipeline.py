@@ -2,7 +2,7 @@
 
 Each step the frozen `teacher` gives its top-k log-probs at every response position of a batch of
 demonstrations, and the `student` takes one optimizer step on the divergence from them
-(`roll.utils.distill_losses`). The two take turns on shared devices (`Residency` offloads the one a
+(`roll.algorithms.distillation_losses`). The two take turns on shared devices (`Residency` offloads the one a
 phase does not need) or run on devices of their own. The student's greedy held-out accuracy is
 printed before -> after, beside the teacher's; the student is exported as a Hugging Face directory.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_demonstrations, load_splits, make_sampler, pad_token_id
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.base_worker import MAX_RESPONSE_LENGTH
+from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
+from roll.pipeline.base.residency import Phase, phase
+from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH
+from roll.pipeline.base.teacher_checks import shared_vocab_size
+from roll.pipeline.base.training_loop import TrainingRunPipeline, before_after_summary, progress_postfix
 from roll.pipeline.distill.distill_config import DistillConfig
-from roll.pipeline.evaluation import answer_scorer, greedy_accuracy
-from roll.pipeline.residency import Phase, Residency, phase
-from roll.pipeline.teacher_checks import shared_vocab_size
-from roll.pipeline.training_loop import TrainingRunPipeline
 
 TEACHER_TOP_K = phase("teacher_top_k", "teacher")
 STUDENT_UPDATE = phase("student_update", "student")
@@ -29,6 +29,7 @@ class DistillPipeline(TrainingRunPipeline):
     config: DistillConfig
     trained_role = "student"
     progress_label = "distill"
+    training_phase = STUDENT_UPDATE
 
     def __init__(self, config: DistillConfig) -> None:
         super().__init__(config)
@@ -40,11 +41,7 @@ class DistillPipeline(TrainingRunPipeline):
         self.eval_examples = held_out[: config.eval_batch_size or None]
         self.generating_args = GeneratingArguments(max_new_tokens=config.max_response_length)
         self.vocab_size = shared_vocab_size(config.teacher, config.student)
-        for name in ("teacher", "student"):
-            self.start_cluster(name)
-        for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
-            future.get()
-        self.residency = Residency.of_roles(self.clusters, config.roles())
+        self.start_roles(("teacher", "student"))
         self.teacher_accuracy: float | None = None  # the teacher is frozen: evaluated once
 
     def accuracy(self, role: str, phase: Phase) -> float:
@@ -74,25 +71,14 @@ class DistillPipeline(TrainingRunPipeline):
         # Train metrics are already averaged over ranks by the strategy: rank 0 speaks for all.
         return {f"student/{key}": value for key, value in metrics.items()} | timings
 
-    def enter_training(self) -> None:
-        """The student's states resident (the teacher offloaded when they share devices)."""
-        self.residency.enter(STUDENT_UPDATE)
-
     def postfix(self, metrics: dict[str, float], evaluation: dict[str, float]) -> dict[str, str]:
         """Loss, the divergence term and the latest held-out accuracy."""
-        return {
-            "loss": f"{metrics['student/loss']:.3f}",
-            "kl": f"{metrics['student/kl']:.3f}",
-            "val_acc": f"{evaluation['val/accuracy']:.2f}",
-        }
+        return progress_postfix(metrics["student/loss"], evaluation["val/accuracy"], kl=f"{metrics['student/kl']:.3f}")
 
     def summarize(self, before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float], str]:
         """The student's held-out accuracy before and after, and the teacher's."""
-        summary = {
-            "val_accuracy_before": before["val/accuracy"],
-            "val_accuracy_after": after["val/accuracy"],
-            "teacher_val_accuracy": after["val/teacher_accuracy"],
-        }
+        teacher = after["val/teacher_accuracy"]
+        summary = before_after_summary(before, after, "accuracy") | {"teacher_val_accuracy": teacher}
         line = (
             f"held-out accuracy: student {summary['val_accuracy_before']:.2f} -> {summary['val_accuracy_after']:.2f}, "
             f"teacher {summary['teacher_val_accuracy']:.2f}"

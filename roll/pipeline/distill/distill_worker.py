@@ -6,11 +6,12 @@ from typing import Any
 
 import torch
 
+from roll.algorithms.distillation_losses import distillation_loss, teacher_top_k
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.base_worker import MAX_RESPONSE_LENGTH, ActorWorker, scored_logits, step_normalised
+from roll.distributed.strategy.micro_batches import step_normalised
+from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, ActorWorker, scored_logits
 from roll.pipeline.distill.distill_config import DistillLossArguments
-from roll.utils.distill_losses import distillation_loss, teacher_top_k
 
 
 def response_logits(logits: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -43,7 +44,8 @@ class StudentWorker(ActorWorker):
     @register(Dispatch.DP_COMPUTE)
     def distill_step(self, batch: DataProto, loss: DistillLossArguments) -> dict[str, float]:
         """Distillation update on this rank's shard of demonstrations with the teacher's top-k (see
-        `roll.utils.distill_losses.distillation_loss`); metrics `loss`, `kl`, `nll`, `teacher_top1_agreement`."""
+        `roll.algorithms.distillation_losses.distillation_loss`); metrics `loss`, `kl`, `nll`,
+        `teacher_top1_agreement`."""
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from roll.algorithms.preference_losses import PreferenceLossType
 from roll.configs.schema import ConfigError, check
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base_config import EXP_NAME
-from roll.pipeline.preference_config import PreferenceRunConfig
-from roll.utils.dpo_losses import PreferenceLossType
+from roll.pipeline.base.pipeline_config import EXP_NAME
+from roll.pipeline.base.preference_config import PreferenceRunConfig
 
 
 @dataclass

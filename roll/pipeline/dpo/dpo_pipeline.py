@@ -16,14 +16,15 @@ from typing import Any
 
 import torch
 
+from roll.algorithms.preference_losses import LENGTH_AVERAGED, kto_reference_point, ranking_accuracy, sequence_log_probs
 from roll.datasets.prompt_dataset import encode_demonstrations
 from roll.datasets.unpaired_dataset import encode_labelled, mismatched_examples, pairs_unpaired, require_both_labels
 from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.base.preference_loop import PreferenceRunPipeline
+from roll.pipeline.base.residency import Phase, phase
+from roll.pipeline.base.training_loop import before_after_summary, progress_postfix
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.dpo.dpo_worker import kto_class_metrics
-from roll.pipeline.preference_loop import PreferenceRunPipeline
-from roll.pipeline.residency import Phase, Residency, phase
-from roll.utils.dpo_losses import LENGTH_AVERAGED, kto_reference_point, ranking_accuracy, sequence_log_probs
 
 logger = logging.getLogger(__name__)
 REFERENCE_LOG_PROBS = phase("reference_log_probs", "reference")
@@ -39,6 +40,7 @@ class DPOPipeline(PreferenceRunPipeline):
     config: DPOConfig
     trained_role = "actor_train"
     progress_label = "dpo"
+    training_phase = POLICY_UPDATE
 
     def __init__(self, config: DPOConfig) -> None:
         super().__init__(config)
@@ -46,11 +48,7 @@ class DPOPipeline(PreferenceRunPipeline):
         self.unpaired = config.data.format == "unpaired"
         if self.unpaired:
             self._check_held_out_classes()
-        for name in (self.trained_role, "reference"):
-            self.start_cluster(name)
-        for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
-            future.get()
-        self.residency = Residency.of_roles(self.clusters, config.roles())
+        self.start_roles((self.trained_role, "reference"))
         self.eval_reference: torch.Tensor | None = None
 
     def _check_held_out_classes(self) -> None:
@@ -137,26 +135,14 @@ class DPOPipeline(PreferenceRunPipeline):
         }
         return {f"actor/{key}": value for key, value in (kto_class_metrics(metrics) | counts).items()} | timings
 
-    def enter_training(self) -> None:
-        """The policy's states resident (the reference offloaded when they share devices)."""
-        self.residency.enter(POLICY_UPDATE)
-
     def postfix(self, metrics: dict[str, float], evaluation: dict[str, float]) -> dict[str, str]:
         """Loss, reward margin (absent when a KTO batch held one class) and the latest held-out accuracy."""
-        return {
-            "loss": f"{metrics['actor/loss']:.3f}",
-            "margin": f"{metrics.get('actor/rewards/margin', float('nan')):.2f}",
-            "val_acc": f"{evaluation['val/preference_accuracy']:.2f}",
-        }
+        margin = metrics.get("actor/rewards/margin", float("nan"))
+        return progress_postfix(metrics["actor/loss"], evaluation["val/preference_accuracy"], margin=f"{margin:.2f}")
 
     def summarize(self, before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float], str]:
         """Held-out preference accuracy, and the policy's own ranking accuracy, before and after."""
-        summary = {
-            "val_preference_accuracy_before": before["val/preference_accuracy"],
-            "val_preference_accuracy_after": after["val/preference_accuracy"],
-            "val_policy_ranking_accuracy_before": before["val/policy_ranking_accuracy"],
-            "val_policy_ranking_accuracy_after": after["val/policy_ranking_accuracy"],
-        }
+        summary = before_after_summary(before, after, "preference_accuracy", "policy_ranking_accuracy")
         what = ("desirable over undesirable completions", "desirable") if self.unpaired else ("preference", "chosen")
         line = (
             f"held-out {what[0]} accuracy {before['val/preference_accuracy']:.2f} -> "

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
+from roll.algorithms import preference_losses
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.base_worker import ActorWorker
+from roll.pipeline.base.rl_workers import ActorWorker
 from roll.pipeline.dpo.dpo_config import PreferenceLossArguments
-from roll.utils import dpo_losses
 from roll.utils.functionals import response_log_probs
 
 # KTO's per-micro-batch sums over rows, which `kto_class_metrics` turns into per-class means.
@@ -27,7 +27,7 @@ def pair_objective(
     `policy` and `reference` are sequence log-probs `[2P]`.
     """
     chosen, rejected = slice(0, None, 2), slice(1, None, 2)
-    losses, chosen_rewards, rejected_rewards = dpo_losses.dpo_loss(
+    losses, chosen_rewards, rejected_rewards = preference_losses.dpo_loss(
         policy[chosen],
         policy[rejected],
         reference[chosen],
@@ -59,7 +59,7 @@ def kto_objective(
     A micro-batch may hold one class only, so the per-class rewards are reported as sums over the
     micro-batch's rows (divided by its row count); `kto_class_metrics` turns their averages into means.
     """
-    losses, rewards = dpo_losses.kto_loss(
+    losses, rewards = preference_losses.kto_loss(
         policy,
         reference,
         desirable,
@@ -101,16 +101,16 @@ class DPOWorker(ActorWorker):
         """Preference update on this rank's shard, given the reference's per-token `ref_log_probs`.
 
         Pairs: a micro-batch holds whole pairs, so one forward pass scores both responses of each.
-        KTO: rows carry `desirable`; `reference_point` is the step's z0 (`dpo_losses.kto_reference_point`).
+        KTO: rows carry `desirable`; `reference_point` is the step's z0 (`preference_losses.kto_reference_point`).
         """
-        average = loss.loss_type in dpo_losses.LENGTH_AVERAGED
+        average = loss.loss_type in preference_losses.LENGTH_AVERAGED
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch
             mask = data["response_mask"]
             token_log_probs = response_log_probs(output.logits, data["input_ids"], data["responses"].shape[1])
-            policy = dpo_losses.sequence_log_probs(token_log_probs, mask, average)
-            reference = dpo_losses.sequence_log_probs(data["ref_log_probs"].to(policy.device), mask, average)
+            policy = preference_losses.sequence_log_probs(token_log_probs, mask, average)
+            reference = preference_losses.sequence_log_probs(data["ref_log_probs"].to(policy.device), mask, average)
             if loss.loss_type == "kto":
                 return kto_objective(policy, reference, data["desirable"].to(policy.device), reference_point, loss)
             return pair_objective(policy, reference, loss)

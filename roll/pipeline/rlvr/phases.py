@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roll.pipeline.residency import phase
+from roll.pipeline.base.residency import phase
 
 SYNC_WEIGHTS = phase("sync_weights", "actor_train", "actor_infer")
 GENERATE = phase("generate", "actor_infer")

@@ -6,6 +6,7 @@ import multiprocessing
 
 import torch
 
+from roll.datasets.prompt_dataset import response_texts
 from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
@@ -37,9 +38,7 @@ class RewardWorker(Worker):
     @register(Dispatch.DP_COMPUTE)
     def compute_rewards(self, batch: DataProto) -> DataProto:
         """`scores` and `reward_failed` per row, from `responses` / `response_mask` and the `answer` column."""
-        pad_id = self.tokenizer.pad_token_id
-        responses = batch.batch["responses"].masked_fill(batch.batch["response_mask"] == 0, pad_id)
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        texts = response_texts(self.tokenizer, batch)
         samples = list(zip(batch.non_tensor_batch["prompt"], texts, batch.non_tensor_batch["answer"], strict=True))
         scores, failed = self._score_all(samples)
         return DataProto.from_dict(

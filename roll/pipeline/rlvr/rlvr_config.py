@@ -13,15 +13,15 @@ from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.models.tiny import TINY_SCHEME
-from roll.pipeline.base_config import EXP_NAME, PipelineConfig
-from roll.pipeline.resumable import ResumableRun
-from roll.pipeline.teacher_checks import check_same_vocabulary, check_teacher_model, check_teacher_strategy
+from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
+from roll.pipeline.base.resumable import ResumableRun
+from roll.pipeline.base.teacher_checks import check_same_vocabulary, check_teacher_model, check_teacher_strategy
 from roll.rewards.sandbox import import_reward_fn
 
 # The advantage estimators that credit each token with its own reward (the others sum a sequence's rewards first).
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "gae")
 # The reward cluster that scores responses with a trained reward model (`roll-rm`'s export) instead of a function.
-REWARD_MODEL_WORKER = "roll.pipeline.rlvr.reward_model_worker.RewardModelWorker"
+REWARD_MODEL_WORKER = "roll.pipeline.base.reward_model_worker.RewardModelWorker"
 
 
 def _dotted_paths(value: str | list[str], path: str) -> None:

@@ -10,24 +10,29 @@ from pathlib import Path
 
 import torch
 
+from roll.algorithms.kl import AdaptiveKLController, FixedKLController
+from roll.algorithms.reward_shaping import group_index_from_repeat
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_prompts, load_splits, make_sampler, pad_token_id
 from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
-from roll.pipeline import checkpoint_state
-from roll.pipeline.base_pipeline import BasePipeline
-from roll.pipeline.base_worker import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
-from roll.pipeline.evaluation import greedy_accuracy
-from roll.pipeline.residency import Phase, Residency
-from roll.pipeline.rlvr import phases
+from roll.pipeline.base import checkpoint_state
+from roll.pipeline.base.evaluation import greedy_accuracy
+from roll.pipeline.base.pipeline import BasePipeline
+from roll.pipeline.base.residency import Phase
+from roll.pipeline.base.rl_workers import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
+from roll.pipeline.base.run_tracking import open_run_tracker
+from roll.pipeline.rlvr import phases, step_plan
 from roll.pipeline.rlvr.async_generation import InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
-from roll.pipeline.rlvr.rollout import compute_advantages, consumer_row_multiple, keep_informative_groups
-from roll.pipeline.run_tracking import open_run_tracker
-from roll.utils.kl import AdaptiveKLController, FixedKLController
-from roll.utils.reward_processing import group_index_from_repeat, overlong_penalty, truncated_responses
+from roll.pipeline.rlvr.rollout import (
+    add_overlong_penalty,
+    compute_advantages,
+    keep_informative_groups,
+    mask_truncated_responses,
+)
 from roll.utils.tracking import show_progress
 
 logger = logging.getLogger(__name__)
@@ -60,8 +65,10 @@ class RLVRPipeline(BasePipeline):
         scaled = algorithm.log_prob_temperature == "sampling" and sampling.do_sample
         self.log_prob_temperature = sampling.temperature if scaled else 1.0
         self.run_dir = Path(config.run_dir)
-        self._start_roles()
-        self.residency = Residency.of_roles(self.clusters, config.roles())
+        # The roles that score, value or train the batch: which of them are configured decides the step's passes.
+        self.trainer_roles = config.trainer_side_roles()
+        names = ["actor_train", "actor_infer", *(r for r in self.trainer_roles if r != "actor_train")]
+        self.start_roles(names + [f"rewards.{key}" for key in config.rewards])
         infer = self.clusters["actor_infer"]
         self.weight_syncer = WeightSyncer(
             self.clusters["actor_train"],
@@ -73,15 +80,6 @@ class RLVRPipeline(BasePipeline):
         self.versions = PolicyVersions(config.async_generation_ratio)
         # With async_generation_ratio >= 1: the next step's generation, running while this step trains.
         self.in_flight: InFlightRollout | None = None
-
-    def _start_roles(self) -> None:
-        names = ["actor_train", "actor_infer", *(r for r in self.config.trainer_side_roles() if r != "actor_train")]
-        names += [f"rewards.{key}" for key in self.config.rewards]
-        for name in names:
-            self.start_cluster(name)
-        # Roles build their models concurrently.
-        for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
-            future.get()
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -163,109 +161,111 @@ class RLVRPipeline(BasePipeline):
         return batch
 
     def step(self, step: int) -> dict[str, float]:
-        """One RL step through the phases; return its metrics."""
-        config, clusters, timed = self.config, self.clusters, self.residency.timed
+        """One RL step through the phases; return its metrics, the phase timings last."""
         metrics: dict[str, float] = {}
         timings: dict[str, float] = {}
         batch = self._rollout(step, metrics, timings)
-        generating_args = config.actor_infer.generating_args
-        n = generating_args.num_return_sequences
-        group_index = group_index_from_repeat(len(batch) // n, n, interleave=True)
+        batch = self.score_rollout(batch, step, metrics, timings)
+        batch, group_index = self.filter_groups(batch, metrics)
+        if len(batch) == 0:  # dynamic sampling kept no group
+            return metrics | timings
+        batch = self.log_prob_passes(batch, timings)
+        batch = self.values(batch, timings)
+        batch = self.advantages(batch, group_index, metrics, timings)
+        self.update(batch, metrics, timings)
+        return metrics | timings
 
-        with timed(phases.REWARDS, timings):
+    def score_rollout(
+        self, batch: DataProto, step: int, metrics: dict[str, float], timings: dict[str, float]
+    ) -> DataProto:
+        """`batch` with its rows' `scores` (plus the overlong penalty, if configured), `reward_failed` and
+        `response_text` from the reward clusters; logs the rollout's metrics and a few samples."""
+        with self.residency.timed(phases.REWARDS, timings):
             rewards = self._rewards(batch)
             batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
             batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
         metrics.update(self._rollout_metrics(batch))
         self._log_samples(batch, step)
-        if config.algorithm.overlong_buffer_len is not None:
-            lengths = batch.batch["response_mask"].sum(-1)
-            penalty = overlong_penalty(
-                lengths,
-                generating_args.max_new_tokens,
-                config.algorithm.overlong_buffer_len,
-                config.algorithm.overlong_penalty_factor,
-            )
-            batch.batch["scores"] = batch.batch["scores"].float() + penalty
-            metrics["rollout/overlong_penalty_mean"] = penalty.mean().item()
+        algorithm = self.config.algorithm
+        if algorithm.overlong_buffer_len is not None:
+            max_new_tokens = self.config.actor_infer.generating_args.max_new_tokens
+            metrics["rollout/overlong_penalty_mean"] = add_overlong_penalty(batch, max_new_tokens, algorithm)
+        return batch
 
-        if config.algorithm.dynamic_sampling:
-            trainers = [config.actor_train] + ([config.critic] if "critic" in clusters else [])
-            forward_roles = [config.reference] if "reference" in clusters else []
-            row_multiple = consumer_row_multiple(trainers, forward_roles)
-            batch, group_index, kept = keep_informative_groups(batch, group_index, row_multiple)
-            metrics.update(kept)
-            if len(batch) == 0:
-                return metrics | timings
+    def filter_groups(self, batch: DataProto, metrics: dict[str, float]) -> tuple[DataProto, torch.Tensor]:
+        """`batch` and the prompt group of each row; with dynamic sampling, only whole informative groups (maybe
+        none), as many as every role that takes the batch accepts."""
+        n = self.config.actor_infer.generating_args.num_return_sequences
+        group_index = group_index_from_repeat(len(batch) // n, n, interleave=True)
+        if not self.config.algorithm.dynamic_sampling:
+            return batch, group_index
+        row_multiple = step_plan.dynamic_sampling_row_multiple(self.trainer_roles)
+        batch, group_index, kept = keep_informative_groups(batch, group_index, row_multiple)
+        metrics.update(kept)
+        return batch, group_index
 
-        algorithm, train = config.algorithm, config.actor_train
-        args = train.training_args
-        # One epoch of one optimizer step starts from the weights a separate pass would score, so the update takes
-        # the old log-probs from its own forward pass; a KL reward penalty and the teacher's reward read them before
-        # the update.
-        old_pass = algorithm.old_log_probs_pass == "always" or not (
-            algorithm.ppo_epochs == 1
-            and len(batch) == args.per_device_train_batch_size * args.gradient_accumulation_steps * train.dp_size
-            and algorithm.kl_penalty_coef == 0
-            and algorithm.adaptive_kl_target is None
-            and not algorithm.needs_teacher
-        )
-        passes = [("reference", phases.REFERENCE_LOG_PROBS, "ref_log_probs")] if "reference" in clusters else []
-        if "teacher" in clusters:
-            passes.append(("teacher", phases.TEACHER_LOG_PROBS, "teacher_log_probs"))
-        if old_pass:
-            passes.append(("actor_train", phases.OLD_LOG_PROBS, "old_log_probs"))
-        pair = [role for role, _, _ in passes] == ["reference", "actor_train"]
-        if pair and set(config.reference.devices).isdisjoint(train.devices):
-            # On devices of their own, the reference and actor_train score the batch at the same time.
+    def log_prob_passes(self, batch: DataProto, timings: dict[str, float]) -> DataProto:
+        """`batch` with the reference's, the teacher's and actor_train's (old) log-probs of the passes that run;
+        the reference's and actor_train's at the same time when they can."""
+        old_log_probs = step_plan.needs_old_log_prob_pass(self.config.algorithm, self.config.actor_train, len(batch))
+        passes = step_plan.log_prob_passes(self.trainer_roles, old_log_probs)
+        clusters, timed = self.clusters, self.residency.timed
+        if step_plan.runs_concurrently(passes, self.trainer_roles):
             with timed(phases.REFERENCE_AND_OLD_LOG_PROBS, timings):
                 futures = [(key, clusters[role].compute_log_probs(batch, blocking=False)) for role, _, key in passes]
                 for key, future in futures:
                     batch = batch.union(future.get().rename("log_probs", key))
-        else:
-            for role, phase, key in passes:
-                with timed(phase, timings):
-                    batch = batch.union(clusters[role].compute_log_probs(batch).rename("log_probs", key))
+            return batch
+        for role, phase, key in passes:
+            with timed(phase, timings):
+                batch = batch.union(clusters[role].compute_log_probs(batch).rename("log_probs", key))
+        return batch
 
-        if "critic" in clusters:
-            with timed(phases.VALUES, timings):
-                batch = batch.union(clusters["critic"].compute_values(batch))
+    def values(self, batch: DataProto, timings: dict[str, float]) -> DataProto:
+        """`batch` with the critic's values, when a critic trains (GAE)."""
+        if "critic" not in self.clusters:
+            return batch
+        with self.residency.timed(phases.VALUES, timings):
+            return batch.union(self.clusters["critic"].compute_values(batch))
 
-        with timed(phases.ADVANTAGES, timings):
+    def advantages(
+        self, batch: DataProto, group_index: torch.Tensor, metrics: dict[str, float], timings: dict[str, float]
+    ) -> DataProto:
+        """`batch` with its token rewards, advantages and returns; the KL controller follows the measured KL."""
+        with self.residency.timed(phases.ADVANTAGES, timings):
             # Without old log-probs (so without a KL penalty) the update reports actor/kl itself.
+            skipped_old_pass = "old_log_probs" not in batch.batch
             ref_log_probs = (
-                batch.pop(batch_keys=["ref_log_probs"]) if "ref_log_probs" in batch.batch and not old_pass else None
+                batch.pop(batch_keys=["ref_log_probs"]) if "ref_log_probs" in batch.batch and skipped_old_pass else None
             )
-            batch, advantage_metrics = compute_advantages(batch, group_index, algorithm, self.kl_controller.value)
+            batch, advantage_metrics = compute_advantages(
+                batch, group_index, self.config.algorithm, self.kl_controller.value
+            )
             if ref_log_probs is not None:
                 batch = batch.union(ref_log_probs)
                 advantage_metrics["actor/kl_coef"] = 0.0
             metrics.update(advantage_metrics)
             if "actor/kl" in metrics:
                 self.kl_controller.update(metrics["actor/kl"], len(batch))
+        return batch
 
+    def update(self, batch: DataProto, metrics: dict[str, float], timings: dict[str, float]) -> None:
+        """Filter overlong responses out of the loss (if configured), then train the critic (if any) and
+        actor_train for `ppo_epochs` each; actor_infer's weights are then stale."""
+        algorithm = self.config.algorithm
         if algorithm.overlong_filter:
-            # DAPO's overlong filtering: truncated samples still count in their group's statistics, but get no loss.
-            data = batch.batch
-            truncated = truncated_responses(
-                data["responses"], data["response_mask"], self.tokenizer.eos_token_id, generating_args.max_new_tokens
-            )
-            data["response_mask"] = data["response_mask"] * (~truncated).unsqueeze(-1).to(data["response_mask"].dtype)
-            metrics["actor/overlong_filtered_fraction"] = truncated.float().mean().item()
+            fraction = mask_truncated_responses(batch)
+            metrics["actor/overlong_filtered_fraction"] = fraction
         # What the losses read: not the scores, nor the teacher's log-probs (already in the token rewards).
         unread = ("scores", "teacher_log_probs")
         train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=[])
-        if "critic" in clusters:
-            with timed(phases.CRITIC_UPDATE, timings):
-                for _ in range(config.algorithm.ppo_epochs):
-                    metrics.update(_prefixed("critic", clusters["critic"].train_step(train_batch, config.algorithm)))
-
-        with timed(phases.ACTOR_UPDATE, timings):
-            for _ in range(config.algorithm.ppo_epochs):
-                metrics.update(_prefixed("actor", clusters["actor_train"].train_step(train_batch, config.algorithm)))
-            self.versions.updated()  # one policy version per RL step, whatever its epochs
-            self.weights_stale = True
-        return metrics | timings
+        for role, phase in reversed(self._trained_roles()):  # the critic's update, then actor_train's
+            prefix = "actor" if role == "actor_train" else role
+            with self.residency.timed(phase, timings):
+                for _ in range(algorithm.ppo_epochs):
+                    metrics.update(_prefixed(prefix, self.clusters[role].train_step(train_batch, algorithm)))
+        self.versions.updated()  # one policy version per RL step, whatever its epochs
+        self.weights_stale = True
 
     def _overhead(self, step_seconds: float) -> dict[str, float]:
         """Worker compute time of the step (slowest rank of each role) and the rest's share of the step.

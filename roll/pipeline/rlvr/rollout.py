@@ -1,4 +1,5 @@
-"""Driver-side processing of a rollout: rewards into token rewards, KL, advantages, dynamic sampling."""
+"""Driver-side processing of a rollout: rewards into token rewards, KL, advantages, dynamic sampling, overlong
+penalty and filtering."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from collections.abc import Iterable
 
 import torch
 
+from roll.algorithms import reward_shaping
+from roll.algorithms.advantages import get_advantage_estimator
+from roll.algorithms.kl import apply_kl_penalty
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
-from roll.utils import reward_processing
-from roll.utils.advantages import get_advantage_estimator
 from roll.utils.functionals import masked_mean
-from roll.utils.kl import apply_kl_penalty
 
 
 def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -40,9 +41,9 @@ def compute_advantages(
     """
     data = batch.batch
     mask = data["response_mask"]
-    scores = reward_processing.normalize_scores(data["scores"].float(), group_index, algorithm.reward_norm)
+    scores = reward_shaping.normalize_scores(data["scores"].float(), group_index, algorithm.reward_norm)
     if algorithm.reward_clip is not None:
-        scores = reward_processing.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
+        scores = reward_shaping.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
     token_rewards = outcome_token_rewards(algorithm.score_weight * scores, mask)
     metrics: dict[str, float] = {}
     if "teacher_log_probs" in data:
@@ -85,10 +86,14 @@ def consumer_row_multiple(trainers: Iterable[WorkerConfig], forward_roles: Itera
     gradient_accumulation_steps x dp size); a forward-only role (reference) needs its dp size.
     """
     multiples = [role.dp_size for role in forward_roles]
-    for role in trainers:
-        args = role.training_args
-        multiples.append(args.per_device_train_batch_size * args.gradient_accumulation_steps * role.dp_size)
+    multiples += [optimizer_step_rows(role) for role in trainers]
     return math.lcm(*multiples)
+
+
+def optimizer_step_rows(role: WorkerConfig) -> int:
+    """The rows of one optimizer step of a training role over all its ranks."""
+    args = role.training_args
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * role.dp_size
 
 
 def keep_informative_groups(
@@ -100,7 +105,7 @@ def keep_informative_groups(
     group size, dropping whole informative groups from the end, so every role accepts the batch and
     no group is split. May return no rows.
     """
-    keep = reward_processing.dynamic_sampling_keep(batch.batch["scores"], group_index)
+    keep = reward_shaping.dynamic_sampling_keep(batch.batch["scores"], group_index)
     kept_groups = torch.unique_consecutive(group_index[keep])
     group_size = int((group_index == group_index[0]).sum())
     groups_per_unit = math.lcm(row_multiple, group_size) // group_size
@@ -112,3 +117,28 @@ def keep_informative_groups(
         "rollout/informative_groups": float(len(kept_groups)),
     }
     return batch[indices], group_index[indices], metrics
+
+
+def add_overlong_penalty(batch: DataProto, max_new_tokens: int, algorithm: AlgorithmArguments) -> float:
+    """Add DAPO's soft overlong penalty (`reward_shaping.overlong_penalty`) to `batch`'s scores in place; return
+    its mean over the rows."""
+    penalty = reward_shaping.overlong_penalty(
+        batch.batch["response_mask"].sum(-1),
+        max_new_tokens,
+        algorithm.overlong_buffer_len,
+        algorithm.overlong_penalty_factor,
+    )
+    batch.batch["scores"] = batch.batch["scores"].float() + penalty
+    return penalty.mean().item()
+
+
+def mask_truncated_responses(batch: DataProto) -> float:
+    """DAPO's overlong filtering: zero, in place, the response mask of the rows the engine cut at
+    `max_new_tokens` (the rollout's `truncated`); return the fraction of rows masked.
+
+    Run after the advantages: truncated samples still count in their group's statistics, but get no loss.
+    """
+    data = batch.batch
+    truncated = data["truncated"]
+    data["response_mask"] = data["response_mask"] * (~truncated).unsqueeze(-1).to(data["response_mask"].dtype)
+    return truncated.float().mean().item()

@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
+from roll.algorithms.process_reward_losses import step_accuracy, step_bce_loss
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.micro_batches import step_normalised
 from roll.models.model_providers import ModelKind
 from roll.utils.functionals import masked_mean
-from roll.utils.process_reward import step_accuracy, step_bce_loss
 
 
 def response_scores(output: Any, response_length: int) -> torch.Tensor:
@@ -53,11 +54,14 @@ class ProcessRewardWorker(StrategyWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def process_reward_step(self, batch: DataProto) -> dict[str, float]:
-        """BCE update on this rank's shard of step-labelled responses (`step_labels` at `step_mask`)."""
+        """BCE update on this rank's shard of step-labelled responses (`step_labels` at `step_mask`): the mean over
+        every step end of each optimizer step, on every data-parallel rank."""
 
         def loss_func(micro_batch: DataProto, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             data = micro_batch.batch
             scores = response_scores(output, data["responses"].shape[1])
-            return process_objective(scores, data["step_labels"].to(scores.device), data["step_mask"].to(scores.device))
+            mask = data["step_mask"].to(scores.device)
+            loss, metrics = process_objective(scores, data["step_labels"].to(scores.device), mask)
+            return step_normalised(loss, micro_batch, "token-mean", "step_mask"), metrics
 
         return self.strategy.train_step(batch, loss_func)

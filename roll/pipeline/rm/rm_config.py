@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from roll.configs.schema import ConfigError, check
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base_config import EXP_NAME
-from roll.pipeline.preference_config import PreferenceRunConfig
+from roll.pipeline.base.pipeline_config import EXP_NAME
+from roll.pipeline.base.preference_config import PreferenceRunConfig
 
 # The reward_model worker of each data format: Bradley-Terry on pairs, per-step BCE on step-labelled responses.
 WORKERS = {

@@ -3,7 +3,7 @@ responses; held-out accuracy before -> after, HF export.
 
 Pairs: held-out pairwise accuracy, the fraction of held-out pairs whose chosen response the model
 scores higher. The export loads with AutoModelForSequenceClassification and serves RLVR as a reward
-cluster (`roll.pipeline.rlvr.reward_model_worker.RewardModelWorker`).
+cluster (`roll.pipeline.base.reward_model_worker.RewardModelWorker`).
 Steps (`data.format=steps`): held-out step accuracy, the fraction of steps whose correctness the
 score at their separator gets right, and the fraction of responses with a wrong step whose first
 wrong step is the first one scored wrong. The export loads with AutoModelForTokenClassification.
@@ -11,11 +11,12 @@ wrong step is the first one scored wrong. The export loads with AutoModelForToke
 
 from __future__ import annotations
 
+from roll.algorithms.preference_losses import ranking_accuracy
+from roll.algorithms.process_reward_losses import first_error_found, step_accuracy, step_bce_loss
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.preference_loop import PreferenceRunPipeline
+from roll.pipeline.base.preference_loop import PreferenceRunPipeline
+from roll.pipeline.base.training_loop import before_after_summary, progress_postfix
 from roll.pipeline.rm.rm_config import RMConfig
-from roll.utils.dpo_losses import ranking_accuracy
-from roll.utils.process_reward import first_error_found, step_accuracy, step_bce_loss
 
 
 class RMPipeline(PreferenceRunPipeline):
@@ -72,20 +73,13 @@ class RMPipeline(PreferenceRunPipeline):
         accuracy, held_out = (
             ("step_accuracy", "val/step_accuracy") if self.process else ("accuracy", "val/preference_accuracy")
         )
-        return {
-            "loss": f"{metrics['reward_model/loss']:.3f}",
-            "acc": f"{metrics[f'reward_model/{accuracy}']:.2f}",
-            "val_acc": f"{evaluation[held_out]:.2f}",
-        }
+        batch_accuracy = metrics[f"reward_model/{accuracy}"]
+        return progress_postfix(metrics["reward_model/loss"], evaluation[held_out], acc=f"{batch_accuracy:.2f}")
 
     def summarize(self, before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float], str]:
         """Held-out pairwise accuracy before and after; for steps, step accuracy and first errors found."""
         if self.process:
-            summary = {
-                f"val_{name}_{when}": values[f"val/{name}"]
-                for name in ("step_accuracy", "first_error_found")
-                for when, values in (("before", before), ("after", after))
-            }
+            summary = before_after_summary(before, after, "step_accuracy", "first_error_found")
             line = (
                 f"held-out step accuracy {before['val/step_accuracy']:.2f} -> {after['val/step_accuracy']:.2f} "
                 f"(first wrong step found in {before['val/first_error_found']:.2f} -> "

@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 
+from roll.algorithms.preference_losses import ranking_accuracy
+from roll.algorithms.reward_model_losses import bradley_terry_loss
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.rlvr.reward_model_worker import RewardModelWorker, sequence_scores
-from roll.utils.dpo_losses import ranking_accuracy
-from roll.utils.reward_losses import bradley_terry_loss
+from roll.pipeline.base.reward_model_worker import RewardModelWorker, sequence_scores
 
 
 def pairwise_objective(scores: torch.Tensor, margin: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

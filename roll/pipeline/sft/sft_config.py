@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from roll.configs.data_config import DataArguments
 from roll.configs.schema import ConfigError, any_value, check
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base_config import EXP_NAME, PipelineConfig
+from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 
 
 @dataclass

@@ -10,9 +10,9 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_demonstrations, load_splits, make_sampler, pad_token_id
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
-from roll.pipeline.base_pipeline import BasePipeline
-from roll.pipeline.evaluation import answer_scorer, greedy_accuracy
-from roll.pipeline.run_tracking import open_run_tracker
+from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
+from roll.pipeline.base.pipeline import BasePipeline
+from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.sft.sft_config import SFTConfig
 from roll.utils.tracking import show_progress
 

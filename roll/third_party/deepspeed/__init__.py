@@ -1,0 +1,1 @@
+"""DeepSpeed internals: offloading and reloading engine states, checkpoints, AutoTP layout, spill files."""

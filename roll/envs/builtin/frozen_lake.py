@@ -1,0 +1,98 @@
+"""frozen_lake: gymnasium's FrozenLake-v1 on a 4x4 map, rendered as text, moved with `L D R U`.
+
+The observation is the map, one row a line, the player's square shown as `P`: `S` start, `F` frozen,
+`H` hole, `G` goal. An action's last word `L D R U` or `left down right up` (any case) moves; any
+other action is answered `invalid` above the map, counted in `invalid_action`, and spends the turn.
+
+Rewards, for GAE through a critic: +1 at the goal, -1 in a hole (both end the episode), -0.01 for
+every other turn. The step cost makes shorter paths worth more at any discount and stays small beside
+the goal; with the hole's -1, wandering until the turn limit (at most -0.01 x max_turns) scores above
+falling in, and reaching the goal above both, so the value has one clear direction and no incentive
+to end an episode early by jumping in. gymnasium's own schedule (1 at the goal, 0 elsewhere) is a
+sparse reward a critic learns slowly from. The defaults are kwargs.
+
+`random_map=True` draws each episode's map from its seed (gymnasium's `generate_random_map`), so
+held-out seeds are maps not seen in training; by default the map is gymnasium's fixed 4x4 one.
+`is_slippery=True` makes moves slip sideways with probability 2/3, drawn from the seed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from roll.envs.protocol import INVALID_ACTION, SUCCESS, ResetResult, StepResult
+from roll.envs.registry import register_env
+
+_MOVES = {"l": 0, "left": 0, "d": 1, "down": 1, "r": 2, "right": 2, "u": 3, "up": 3}  # gymnasium's action ids
+_MOVE = re.compile(r"\b(left|down|right|up|l|d|r|u)\b", re.IGNORECASE)
+SIZE = 4
+
+
+@register_env("frozen_lake")
+class FrozenLakeEnv:
+    """FrozenLake-v1 4x4 as text; `max_turns` turns at most (truncated after)."""
+
+    def __init__(
+        self,
+        is_slippery: bool = False,
+        random_map: bool = False,
+        max_turns: int = 10,
+        goal_reward: float = 1.0,
+        hole_reward: float = -1.0,
+        step_reward: float = -0.01,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns ({max_turns}) must be at least 1")
+        self.is_slippery = is_slippery
+        self.random_map = random_map
+        self.max_turns = max_turns
+        self.rewards = {"G": goal_reward, "H": hole_reward}
+        self.step_reward = step_reward
+        self.turns = 0
+        self._gym: Any = None if random_map else self._make(None)
+
+    def reset(self, seed: int | None = None) -> ResetResult:
+        """A new episode; with `random_map`, on the map drawn from `seed`."""
+        if self.random_map:
+            from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+            self._gym = self._make(generate_random_map(size=SIZE, seed=seed))
+        self._gym.reset(seed=seed)
+        self.turns = 0
+        return self.render(), {}
+
+    def step(self, action: str) -> StepResult:
+        """Move by the action's last move word."""
+        self.turns += 1
+        moves = _MOVE.findall(action)
+        if moves:
+            _, _, terminated, _, _ = self._gym.step(_MOVES[moves[-1].lower()])
+            tile = self.tile()
+            observation, reward = self.render(), self.rewards.get(tile, self.step_reward)
+        else:
+            terminated, tile = False, self.tile()
+            observation, reward = f"invalid\n{self.render()}", self.step_reward
+        truncated = not terminated and self.turns >= self.max_turns
+        info: dict[str, Any] = {INVALID_ACTION: int(not moves)}
+        if terminated or truncated:
+            info[SUCCESS] = float(tile == "G")
+        return observation, reward, terminated, truncated, info
+
+    def tile(self) -> str:
+        """The letter of the player's square."""
+        row, col = divmod(int(self._gym.unwrapped.s), SIZE)
+        return self._gym.unwrapped.desc[row][col].decode()
+
+    def render(self) -> str:
+        """The map, one row a line, with the player's square as `P`."""
+        grid = [[cell.decode() for cell in row] for row in self._gym.unwrapped.desc]
+        row, col = divmod(int(self._gym.unwrapped.s), SIZE)
+        grid[row][col] = "P"
+        return "\n".join("".join(row) for row in grid)
+
+    def _make(self, desc: list[str] | None) -> Any:
+        import gymnasium
+
+        # Our own max_turns ends episodes; gymnasium's TimeLimit (100 steps) never comes into play.
+        return gymnasium.make("FrozenLake-v1", desc=desc, map_name=f"{SIZE}x{SIZE}", is_slippery=self.is_slippery)

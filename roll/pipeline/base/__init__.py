@@ -1,0 +1,25 @@
+"""What every pipeline builds on. A new pipeline family is a package beside this one that brings:
+
+- a config dataclass extending `PipelineConfig` (`pipeline_config`), or `TrainingRunConfig` for a
+  step-by-step training run (`training_config`), with its own `validate()` checks and roles;
+- a driver extending `BasePipeline` (`pipeline`), or `TrainingRunPipeline` (`training_loop`), which
+  then only supplies `step()`, `evaluate()` and how their numbers are shown;
+- its workers, when the RL roles here do not fit, as `StrategyWorker` subclasses named in YAML;
+- an entry point: `examples/start_<name>_pipeline.py` calling `entry.run_pipeline`.
+
+What it gets for free:
+
+- `entry`: Hydra config -> strict dataclasses -> validation -> dry run or run, clear exit codes;
+- `pipeline`: Ray connection, device reservation, one cluster per role, orderly shutdown;
+- `rl_workers`, `reward_model_worker`: the actor (train, infer, reference), the critic and a
+  reward-model scorer, with their losses from `roll.algorithms`;
+- `residency`: which roles' states each phase needs on the devices, offloading the others;
+- `checkpoint_state`, `resumable`: the driver's part of a checkpoint and `resume_from_checkpoint`;
+- `training_loop`, `preference_config`, `preference_loop`: the loop of steps, held-out evaluation,
+  checkpoints, resume and export, and preference-pair data on top of it;
+- `evaluation`, `run_tracking`: greedy held-out accuracy and the run's metrics tracker;
+- `teacher_checks`: the checks of a teacher role (distillation);
+- `dry_run`: the placement plan, the batch arithmetic and the memory estimate, without Ray.
+
+May import: every layer below `roll.pipeline`; never a pipeline family.
+"""

@@ -1,0 +1,80 @@
+"""What every pipeline does before its own loop: connect to Ray, reserve devices, start roles."""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from roll.configs.schema import ConfigError
+from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.initialize import init_ray
+from roll.distributed.scheduler.placement import plan_placement
+from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.pipeline.base.pipeline_config import PipelineConfig
+from roll.pipeline.base.residency import Residency
+from roll.platforms import PLATFORM_ENV, get_platform
+
+
+class BasePipeline(ABC):
+    """Owns the Ray connection, the device reservation and the role clusters of one run."""
+
+    residency: Residency  # set by start_roles
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.platform = get_platform(config.platform)
+        os.environ[PLATFORM_ENV] = self.platform.name
+        address = config.ray_address or os.environ.get("RAY_ADDRESS")
+        if config.num_nodes > 1 and not address:
+            raise ConfigError(
+                f"num_nodes={config.num_nodes} needs an existing Ray cluster: set ray_address=<head>:6379 "
+                "or RAY_ADDRESS (an embedded Ray has one node)"
+            )
+        # An embedded Ray is one node sized for the whole plan: device slots and device-less workers.
+        embedded_cpus = math.ceil(plan_placement(config.cluster_shape(), config.roles()).total_cpus)
+        init_ray(address, config.ray_namespace, embedded_cpus, self.platform.name)
+        # Every role's actors are reserved before any starts: a cluster too small, or a reservation Ray does
+        # not grant within placement_timeout_s, is a PlacementError naming what each role asks for.
+        self.resource_manager = ResourceManager(
+            self.platform,
+            config.num_nodes,
+            config.devices_per_node or 1,
+            config.cpus_per_device,
+            timeout_s=config.placement_timeout_s,
+            roles=config.roles(),
+        )
+        self.clusters: dict[str, Cluster] = {}
+
+    def start_cluster(self, role_name: str) -> Cluster:
+        """Start the workers of role `role_name` as configured and remember the cluster."""
+        role = self.config.roles()[role_name]
+        cluster = Cluster(role.worker_cls, role, self.resource_manager)
+        self.clusters[role_name] = cluster
+        return cluster
+
+    def start_roles(self, role_names: Iterable[str]) -> None:
+        """Start the roles `role_names`, build their models concurrently, then track their states in `residency`."""
+        for name in role_names:
+            self.start_cluster(name)
+        for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
+            future.get()
+        self.residency = Residency.of_roles(self.clusters, self.config.roles())
+
+    @classmethod
+    def finished_result(cls, config: PipelineConfig) -> Any:
+        """The result of a run whose work `config` says is already done (None: run it), asked before Ray starts."""
+        return None
+
+    @abstractmethod
+    def run(self) -> None:
+        """The pipeline's driver loop."""
+
+    def shutdown(self, close_timeout_s: float = 60) -> None:
+        """Stop every role and release the devices; workers get `close_timeout_s` to release what they started."""
+        for cluster in self.clusters.values():
+            cluster.shutdown(close_timeout_s)
+        self.clusters.clear()
+        self.resource_manager.destroy()

@@ -1,0 +1,76 @@
+"""Config checks of a teacher role (offline distillation, on-policy distillation in RLVR): the model exists, the
+strategy scores given sequences, and teacher and student share one vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import WorkerConfig
+from roll.distributed.strategy.engine_strategy import EngineStrategy
+from roll.distributed.strategy.registry import strategy_class
+from roll.models.model_providers import peek_tokenizer
+from roll.models.tiny import TINY_SCHEME
+from roll.pipeline.base.dry_run.model_shape import model_shape
+
+# Where `bash scripts/run.sh` (SFT, then RLVR) exports the policy it trains: the default teacher.
+RUN_SH_EXPORT = "<output_dir>/rlvr/model"
+
+
+def check_teacher_model(name: str, teacher: WorkerConfig) -> None:
+    """A missing directory for teacher role `name` is most often the main job's export not written yet: say how to
+    write it (checked before the roles resolve, which would only say that the directory is missing)."""
+    path = teacher.model_args.model_name_or_path
+    if path and not path.startswith(TINY_SCHEME) and not Path(path).expanduser().is_dir():
+        raise ConfigError(
+            f"{name}.model_args.model_name_or_path={path!r} does not exist: the default teacher is the policy "
+            f"`bash scripts/run.sh` trains (SFT, then RLVR) and exports to {RUN_SH_EXPORT}; run it first, or set "
+            f"{name}.model_args.model_name_or_path to a model directory"
+        )
+
+
+def check_teacher_strategy(teacher: WorkerConfig) -> None:
+    """The teacher is frozen and scores given sequences: an inference strategy with forward passes."""
+    name = teacher.strategy_args.strategy_name if teacher.strategy_args else None
+    fix = "use hf_infer or deepspeed_infer, which return the logits of given sequences"
+    if name is None or strategy_class(name).trains():
+        raise ConfigError(f"{teacher.name}.strategy_args.strategy_name={name}: the teacher is frozen; {fix}")
+    if issubclass(strategy_class(name), EngineStrategy):
+        raise ConfigError(
+            f"{teacher.name}.strategy_args.strategy_name={name} only generates: roll's {name} strategy returns no "
+            f"log-probs of given sequences; {fix}"
+        )
+
+
+def tokenizer_vocab(model_path: str) -> dict[str, int]:
+    """The token -> id map of `model_path`'s tokenizer (a tiny:// reference's without building its model)."""
+    return peek_tokenizer(model_path).get_vocab()
+
+
+def vocab_size(model_path: str) -> int | None:
+    """The size of `model_path`'s output layer from its config (None when the config does not say)."""
+    try:
+        return model_shape(model_path).vocab_size
+    except (ValueError, OSError):
+        return None
+
+
+def check_same_vocabulary(teacher: WorkerConfig, student: WorkerConfig) -> None:
+    """Teacher and student have the same tokenizer: their log-probs compare token by token.
+
+    Their output layers may still differ in size (checkpoints pad the embedding differently, e.g. Qwen2.5 0.5B and
+    7B); the teacher's distribution is then taken over the ids both have (`shared_vocab_size`).
+    """
+    paths = teacher.model_args.model_name_or_path, student.model_args.model_name_or_path
+    if tokenizer_vocab(paths[0]) != tokenizer_vocab(paths[1]):
+        raise ConfigError(
+            f"{teacher.name}.model_args.model_name_or_path={paths[0]!r} and "
+            f"{student.name}.model_args.model_name_or_path={paths[1]!r} have different tokenizers: distillation "
+            "compares their log-probs token by token; use a teacher and a student of one tokenizer"
+        )
+
+
+def shared_vocab_size(teacher: WorkerConfig, student: WorkerConfig) -> int | None:
+    """The ids both models' output layers have (None when a config does not say)."""
+    sizes = [vocab_size(role.model_args.model_name_or_path) for role in (teacher, student)]
+    return None if None in sizes else min(sizes)
