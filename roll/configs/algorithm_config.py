@@ -82,11 +82,24 @@ class AlgorithmArguments:
     reward_norm: Literal["none", "group", "batch"] = "none"
     reward_clip: float | None = field(default=None, metadata=check(gt=0, hint="null turns reward clipping off"))
     dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = field(
+        default=1,
+        metadata=check(
+            ge=1,
+            hint="1 trains the informative groups of one generation (the batch may shrink); more generate again, "
+            "up to that many rounds, until the batch is full (DAPO)",
+        ),
+    )
     log_prob_temperature: Literal["one", "sampling"] = "one"
     old_log_probs_pass: Literal["auto", "always"] = "auto"
 
     def __post_init__(self) -> None:
         """Reject combinations that cannot work, naming the field to change."""
+        if self.dynamic_sampling_max_rounds > 1 and not self.dynamic_sampling:
+            raise ConfigError(
+                f"algorithm.dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} refills a batch that "
+                "dynamic sampling shrank, and algorithm.dynamic_sampling is false; set it to true or drop the rounds"
+            )
         if self.adaptive_kl_target is not None and self.kl_penalty_coef <= 0:
             raise ConfigError(
                 f"algorithm.kl_penalty_coef={self.kl_penalty_coef} with "

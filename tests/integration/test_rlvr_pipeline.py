@@ -129,6 +129,7 @@ def assert_zero_stage(config: RLVRConfig, stage: int) -> None:
 
 
 def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session: None, tmp_path: Path) -> None:
+    # With DAPO's refill on: rounds of generation and scoring (each with failing rewards) within the step.
     config = make_config(
         tmp_path,
         *ONE_RANK,
@@ -137,6 +138,8 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
         "eval_batch_size=8",
         "rewards.math.reward_fn=tests.reward_functions.flaky_reward",
         "rewards.math.timeout_s=2",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.dynamic_sampling_max_rounds=2",
         block("deepspeed_zero3_cpuoffload"),
     )
     assert_zero_stage(config, 3)
@@ -144,6 +147,12 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
     failed = sum(row.get("rollout/reward_failed", 0) for row in rows)
     assert [row["step"] for row in rows][-1] == 1
     assert failed > 0  # samples whose answers end in 3 or 7 scored 0 and were counted
+    step = rows[-1]
+    # A second round runs unless the first filled the batch; what is kept is whole optimizer steps (32 rows).
+    rounds = step["rollout/generation_rounds"]
+    assert rounds in (1.0, 2.0)
+    assert rounds == 2.0 or step["rollout/informative_groups"] >= 8
+    assert round(step["rollout/kept_fraction"] * 32 * rounds) in (0, 32)
 
 
 def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) -> None:

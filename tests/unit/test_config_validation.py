@@ -79,7 +79,15 @@ def init_fields(schema: type) -> Iterator[tuple[dataclasses.Field, Any]]:
 
 
 def test_every_field_declares_a_rule() -> None:
-    expected = {"RLVRConfig", "RewardConfig", "SFTConfig", "ClusterCheckConfig", "DataArguments", "AlgorithmArguments"}
+    expected = {
+        "RLVRConfig",
+        "RewardConfig",
+        "EnvArguments",
+        "SFTConfig",
+        "ClusterCheckConfig",
+        "DataArguments",
+        "AlgorithmArguments",
+    }
     expected |= {"DPOConfig", "PreferenceLossArguments", "PreferenceDataArguments"}
     expected |= {"RMConfig"}
     expected |= {"DistillConfig", "DistillLossArguments"}
@@ -296,6 +304,19 @@ def test_the_issue_examples_name_field_value_and_range() -> None:
         (["actor_train.worker_cls=roll.pipeline.base.rl_workers.NoSuchWorker"], r"actor_train.worker_cls .* cannot be"),
         (["rewards.math.reward_fn=roll.rewards.functions.nothing"], r"rewards.math.reward_fn: reward_fn .* cannot"),
         (["rollout_batch_size=1024"], r"rollout_batch_size=1024 is more than the \d+ training problems"),
+        (
+            [
+                "algorithm.dynamic_sampling=true",
+                "algorithm.adv_estimator=reinforce_plus_plus",
+                "actor_infer.generating_args.num_return_sequences=1",
+                "rollout_batch_size=128",
+            ],
+            r"algorithm.dynamic_sampling .*num_return_sequences=1 every prompt would be dropped",
+        ),
+        (
+            ["algorithm.dynamic_sampling_max_rounds=3"],
+            r"dynamic_sampling_max_rounds=3 refills .*dynamic_sampling is false",
+        ),
         (["resume_from_checkpoint=latest"], r"resume_from_checkpoint='latest': no complete checkpoint in /"),
         (["resume_from_checkpoint=step_3"], r"resume_from_checkpoint='step_3': no complete checkpoint at /.*step_3;"),
     ],

@@ -84,11 +84,11 @@ def test_reference_and_old_log_probs_run_at_once_only_on_disjoint_devices() -> N
     assert not runs_concurrently([REFERENCE_PASS, TEACHER_PASS, OLD_LOG_PROBS_PASS], teacher)
 
 
-def test_dynamic_sampling_keeps_a_multiple_for_every_trainer_and_the_reference() -> None:
-    # actor_train 2 x 2 x dp 1 = 4 rows per optimizer step, critic 1 x 1 x dp 3 = 3, reference dp 2:
-    # lcm(4, 3, 2) = 12. The teacher's dp 5 is not one of them.
+def test_dynamic_sampling_keeps_a_multiple_for_every_role_that_takes_the_batch() -> None:
+    # actor_train 2 x 2 x dp 1 = 4 rows per optimizer step, critic 1 x 1 x dp 3 = 3, reference dp 2, teacher dp 5:
+    # lcm(4, 3, 2, 5) = 60.
     roles = {"actor_train": _role(1, 2, 2), "critic": _role(3), "reference": _role(2), "teacher": _role(5)}
-    assert dynamic_sampling_row_multiple(roles) == 12
+    assert dynamic_sampling_row_multiple(roles) == 60
     assert dynamic_sampling_row_multiple({"actor_train": _role(1, 2, 2)}) == 4
 
 

@@ -16,8 +16,10 @@ from roll.pipeline.base.rl_workers import ActorWorker
 from roll.pipeline.rlvr.rollout import (
     compute_advantages,
     consumer_row_multiple,
+    informative_rows,
     keep_informative_groups,
     outcome_token_rewards,
+    widen_prompts,
 )
 
 
@@ -158,3 +160,37 @@ def test_dynamic_sampling_respects_a_reference_dp_size() -> None:
     kept, kept_index, _ = keep_informative_groups(batch, group_index, multiple)
     assert kept_index.tolist() == [0, 0, 0, 2, 2, 2, 3, 3, 3, 4, 4, 4]
     assert kept.batch["row"].tolist() == [0, 1, 2, *range(6, 15)]
+
+
+def test_dynamic_sampling_judges_groups_before_the_overlong_penalty() -> None:
+    # Group 0 is all correct, but one sample's overlong penalty made its score differ: DAPO keeps only group 1.
+    batch, group_index = _grouped_batch([[1.0, 0.5], [1.0, 0.0]])
+    batch.batch["verifier_scores"] = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    kept, kept_index, metrics = keep_informative_groups(batch, group_index, 2)
+    assert kept.batch["row"].tolist() == [2, 3] and kept_index.tolist() == [1, 1]
+    assert metrics["rollout/informative_groups"] == 1.0
+
+
+def test_dynamic_sampling_caps_a_refilled_batch_at_its_target() -> None:
+    # Two rounds of 3 groups of 2 gave 5 informative groups; a target of 6 rows keeps the first three groups.
+    batch, group_index = _grouped_batch([[0, 1], [1, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
+    _, kept_index, _ = keep_informative_groups(batch, group_index, 2, max_rows=6)
+    assert kept_index.tolist() == [0, 0, 2, 2, 3, 3]
+    assert informative_rows(batch, group_index) == 10
+
+
+def test_prompts_widen_on_the_left_so_rollouts_concatenate() -> None:
+    rollout = DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor([[5, 6]]),
+            "input_ids": torch.tensor([[5, 6, 7, 0]]),
+            "attention_mask": torch.tensor([[1, 1, 1, 0]]),
+            "responses": torch.tensor([[7, 0]]),
+        }
+    )
+    wide = widen_prompts(rollout, 4, pad_id=0)
+    assert wide.batch["prompts"].tolist() == [[0, 0, 5, 6]]
+    assert wide.batch["input_ids"].tolist() == [[0, 0, 5, 6, 7, 0]]
+    assert wide.batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 0]]
+    assert wide.batch["responses"].tolist() == [[7, 0]]
+    assert widen_prompts(rollout, 2, pad_id=0) is rollout

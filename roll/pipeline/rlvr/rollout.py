@@ -14,6 +14,7 @@ from roll.algorithms.kl import apply_kl_penalty
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.rlvr.rlvr_config import TOKEN_LEVEL_ESTIMATORS
 from roll.utils.functionals import masked_mean
 
 
@@ -26,7 +27,9 @@ def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> 
     estimators (gae, reinforce_plus_plus) skip masked positions, and the row has no token to train.
     """
     token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0)
+    # The last masked-in position, not the count: a multi-turn mask has holes on environment tokens.
+    positions = torch.arange(1, response_mask.shape[1] + 1)
+    last = ((response_mask != 0) * positions).max(-1).values.sub(1).clamp(min=0)
     token_rewards[torch.arange(len(scores)), last] = scores.float()
     return token_rewards
 
@@ -36,8 +39,9 @@ def compute_advantages(
 ) -> tuple[DataProto, dict[str, float]]:
     """Add `token_rewards`, `advantages` and `returns` to `batch`; return it with reward/KL metrics.
 
-    Token rewards: the score (times `score_weight`) on the last response token, minus the KL penalty to the
-    reference per token, plus the teacher's per-token signal when the batch holds `teacher_log_probs`.
+    Token rewards: the score (times `score_weight`) on the last response token (multi-turn episodes under gae
+    or reinforce_plus_plus: their `turn_rewards` instead, each turn's on its last sampled token), minus the KL
+    penalty to the reference per token, plus the teacher's per-token signal when the batch holds `teacher_log_probs`.
     """
     data = batch.batch
     mask = data["response_mask"]
@@ -45,6 +49,11 @@ def compute_advantages(
     if algorithm.reward_clip is not None:
         scores = reward_shaping.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
     token_rewards = outcome_token_rewards(algorithm.score_weight * scores, mask)
+    if "turn_rewards" in data and algorithm.adv_estimator in TOKEN_LEVEL_ESTIMATORS:
+        # Multi-turn: each turn's reward on its last sampled token, for estimators that credit tokens one by one.
+        token_rewards = algorithm.score_weight * data["turn_rewards"].float()
+        if algorithm.reward_clip is not None:
+            token_rewards = token_rewards.clamp(-algorithm.reward_clip, algorithm.reward_clip)
     metrics: dict[str, float] = {}
     if "teacher_log_probs" in data:
         # On-policy distillation: minus the k1 estimate of KL(actor || teacher) at each sampled token.
@@ -97,26 +106,47 @@ def optimizer_step_rows(role: WorkerConfig) -> int:
 
 
 def keep_informative_groups(
-    batch: DataProto, group_index: torch.Tensor, row_multiple: int
+    batch: DataProto, group_index: torch.Tensor, row_multiple: int, max_rows: int | None = None
 ) -> tuple[DataProto, torch.Tensor, dict[str, float]]:
-    """Dynamic sampling: drop groups whose samples all scored the same (they carry no GRPO signal).
+    """Dynamic sampling: drop the groups whose samples all scored the same (they carry no GRPO signal).
 
-    The kept rows are cut to a multiple of both `row_multiple` (see `consumer_row_multiple`) and the
-    group size, dropping whole informative groups from the end, so every role accepts the batch and
-    no group is split. May return no rows.
+    Groups are judged on `verifier_scores` (the reward before the overlong penalty; for a 0/1 verifier this is
+    DAPO's 0 < correct < n), else on `scores`. The kept rows are cut to at most `max_rows` and to a multiple of
+    both `row_multiple` (see `consumer_row_multiple`) and the group size, dropping whole informative groups
+    from the end, so every role accepts the batch and no group is split. May return no rows.
     """
-    keep = reward_shaping.dynamic_sampling_keep(batch.batch["scores"], group_index)
+    data = batch.batch
+    keep = reward_shaping.dynamic_sampling_keep(data.get("verifier_scores", data["scores"]), group_index)
     kept_groups = torch.unique_consecutive(group_index[keep])
     group_size = int((group_index == group_index[0]).sum())
-    groups_per_unit = math.lcm(row_multiple, group_size) // group_size
-    usable = (len(kept_groups) // groups_per_unit) * groups_per_unit
-    chosen = torch.isin(group_index, kept_groups[:usable])
+    unit_groups = math.lcm(row_multiple, group_size) // group_size
+    usable = min(len(kept_groups), len(batch) if max_rows is None else max_rows // group_size)
+    chosen = torch.isin(group_index, kept_groups[: usable // unit_groups * unit_groups])
     indices = torch.nonzero(chosen).squeeze(-1)
     metrics = {
         "rollout/kept_fraction": chosen.float().mean().item(),
         "rollout/informative_groups": float(len(kept_groups)),
     }
     return batch[indices], group_index[indices], metrics
+
+
+def informative_rows(batch: DataProto, group_index: torch.Tensor) -> int:
+    """How many rows of `batch` belong to groups whose samples did not all score the same."""
+    data = batch.batch
+    return int(reward_shaping.dynamic_sampling_keep(data.get("verifier_scores", data["scores"]), group_index).sum())
+
+
+def widen_prompts(batch: DataProto, width: int, pad_id: int) -> DataProto:
+    """A rollout's prompt columns left-padded to `width` (`prompts`, and the prompt part of `input_ids` and
+    `attention_mask`), so rollouts generated from different prompt batches concatenate."""
+    data = batch.batch
+    extra = width - data["prompts"].shape[1]
+    if extra <= 0:
+        return batch
+    tensors = dict(data.items())
+    for key, value in (("prompts", pad_id), ("input_ids", pad_id), ("attention_mask", 0)):
+        tensors[key] = torch.nn.functional.pad(data[key], (extra, 0), value=value)
+    return DataProto.from_dict(tensors=tensors, non_tensors=batch.non_tensor_batch, meta_info=batch.meta_info)
 
 
 def add_overlong_penalty(batch: DataProto, max_new_tokens: int, algorithm: AlgorithmArguments) -> float:

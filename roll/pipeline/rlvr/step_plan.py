@@ -62,7 +62,7 @@ def runs_concurrently(passes: Sequence[LogProbPass], roles: Mapping[str, WorkerC
 
 def dynamic_sampling_row_multiple(roles: Mapping[str, WorkerConfig]) -> int:
     """The row count dynamic sampling keeps a multiple of: whole optimizer steps of actor_train and the critic
-    (if it trains), whole shards of the reference's ranks (if it scores)."""
+    (if it trains), whole shards of the reference's and the teacher's ranks (if they score)."""
     trainers = [roles[name] for name in ("actor_train", "critic") if name in roles]
-    forward_roles = [roles["reference"]] if "reference" in roles else []
+    forward_roles = [roles[name] for name in ("reference", "teacher") if name in roles]
     return consumer_row_multiple(trainers, forward_roles)
