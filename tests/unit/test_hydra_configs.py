@@ -44,6 +44,7 @@ PIPELINE_SCHEMAS = {
     "rm_prm_arithmetic": RMConfig,
     "distill_arithmetic": DistillConfig,
     "distill_onpolicy_arithmetic": RLVRConfig,
+    "agentic_guess_number": RLVRConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,

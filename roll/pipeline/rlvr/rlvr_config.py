@@ -16,6 +16,7 @@ from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 from roll.pipeline.base.resumable import ResumableRun
 from roll.pipeline.base.teacher_checks import check_same_vocabulary, check_teacher_model, check_teacher_strategy
+from roll.pipeline.rlvr.agentic_config import EnvArguments
 from roll.rewards.sandbox import import_reward_fn
 
 # The advantage estimators that credit each token with its own reward (the others sum a sequence's rewards first).
@@ -132,11 +133,18 @@ class RLVRConfig(ResumableRun, PipelineConfig):
     rewards: dict[str, RewardConfig] = field(
         default_factory=lambda: {"math": RewardConfig()},
         metadata=check(
-            nonempty=True,
             keys=Rule(pattern=r"\w[\w-]*", expect="a reward cluster name of letters, digits, '_' and '-'"),
-            expect="at least one reward cluster, e.g. rewards.math",
+            bad={"no spaces": {}},
+            hint="at least one reward cluster, e.g. rewards.math, unless env is set",
         ),
     )
+    # Multi-turn episodes of an environment instead of prompts scored by reward clusters (docs/agentic.md):
+    # with it set, `data` and `rewards` are not used and no reward cluster starts.
+    env: EnvArguments | None = None
+
+    def reward_clusters(self) -> dict[str, RewardConfig]:
+        """The reward clusters the run starts: none with an environment (it gives the rewards)."""
+        return {} if self.env is not None else self.rewards
 
     def weight_sync_plan(self, infer_tp_size: int) -> SyncPlan:
         """Which actor_train rank feeds which actor_infer worker (see roll.distributed.weight_sync.plan)."""
@@ -180,13 +188,22 @@ class RLVRConfig(ResumableRun, PipelineConfig):
                     f"{name}: {shard} samples per rank in forward passes of {role.infer_batch_size} "
                     f"({-(-shard // role.infer_batch_size)} per rank)"
                 )
-        for key, reward in self.rewards.items():
+        if self.env is not None:
+            lines.append(f"env {self.env.name}: up to {self.env.max_turns} turns per episode, in the driver")
+        for key, reward in self.reward_clusters().items():
             lines.append(f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)")
         return lines
 
     def sequence_lengths(self) -> tuple[int, int, int | None]:
-        """The longest prompt, the generation budget, and the prompts of one rollout."""
+        """The longest prompt, the generation budget (an episode's with env), and the prompts of one rollout."""
+        if self.env is not None:
+            return self.env.max_observation_tokens, self.env.max_trajectory_tokens, self.rollout_batch_size
         return self.data.max_prompt_length, self.actor_infer.generating_args.max_new_tokens, self.rollout_batch_size
+
+    def roles(self) -> dict[str, WorkerConfig]:
+        """The configured roles; with env set, without the reward clusters (they do not start)."""
+        roles = super().roles()
+        return {k: v for k, v in roles.items() if self.env is None or not k.startswith("rewards.")}
 
     def validate(self) -> None:
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
@@ -219,7 +236,10 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         self._check_loss_variants()
         self._check_teacher()
         self._check_async_generation()
-        for key, reward in self.rewards.items():
+        self._check_dynamic_sampling()
+        if self.env is None and not self.rewards:
+            raise ConfigError("rewards: configure at least one reward cluster, e.g. rewards.math, or set env")
+        for key, reward in self.reward_clusters().items():
             if reward.worker_cls == REWARD_MODEL_WORKER:
                 self._check_reward_model(key, reward)
                 continue
@@ -233,7 +253,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
                     f"rewards.{key}.reward_weights has {len(reward.reward_weights)} weights for "
                     f"{len(reward.reward_fns)} reward_fn entries; give one weight per entry, or none to weigh each 1"
                 )
-        domains = [d for reward in self.rewards.values() for d in reward.domains]
+        domains = [d for reward in self.reward_clusters().values() for d in reward.domains]
         if len(domains) != len(set(domains)):
             raise ConfigError(f"rewards: every domain must be served by exactly one reward cluster, got {domains}")
         self._check_inputs()
@@ -321,11 +341,35 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             roles["teacher"] = self.teacher
         return roles
 
+    def _check_dynamic_sampling(self) -> None:
+        """Dynamic sampling compares the samples of a prompt, and refills only a batch generated in the step."""
+        algorithm = self.algorithm
+        if not algorithm.dynamic_sampling:
+            return
+        n = self.actor_infer.generating_args.num_return_sequences
+        if n < 2:
+            raise ConfigError(
+                f"algorithm.dynamic_sampling keeps the prompts whose samples disagree, and with "
+                f"actor_infer.generating_args.num_return_sequences={n} every prompt would be dropped; "
+                "set num_return_sequences to 2 or more"
+            )
+        if algorithm.dynamic_sampling_max_rounds > 1 and self.async_generation_ratio:
+            raise ConfigError(
+                f"algorithm.dynamic_sampling_max_rounds={algorithm.dynamic_sampling_max_rounds} generates more "
+                f"within the step, which async_generation_ratio={self.async_generation_ratio} overlaps with "
+                "training; set one of them to 1 / 0"
+            )
+
     def _check_async_generation(self) -> None:
         """Overlapped generation needs actor_infer on devices of its own and the TIS correction."""
         k = self.async_generation_ratio
         if not k:
             return
+        if self.env is not None:
+            raise ConfigError(
+                f"async_generation_ratio={k}: episodes of env are played in step (overlapping them is later work); "
+                "set async_generation_ratio=0"
+            )
         infer, roles = set(self.actor_infer.devices), self.trainer_side_roles()
         used = {d for role in roles.values() for d in role.devices}
         for name, role in roles.items():
@@ -349,6 +393,9 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         facts = self.check_models(self.roles().values())
         model_facts = {name: facts[name] for name, role in self.roles().items() if not isinstance(role, RewardConfig)}
         generating = self.actor_infer.generating_args
+        if self.env is not None:
+            self._check_env_inputs(facts, model_facts)
+            return
         tokens = self.data.max_prompt_length + generating.max_new_tokens
         self.check_lengths(
             model_facts,
@@ -373,4 +420,22 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         )
         for prompts, samples in ((self.rollout_batch_size, generating.num_return_sequences), (evaluated, 1)):
             self.check_generation_memory(self.actor_infer, facts["actor_infer"], prompts, samples, tokens, lower)
+        self.check_resume()
+
+    def _check_env_inputs(self, facts: dict, model_facts: dict) -> None:
+        """With an environment: it resolves, one episode (first observation + trajectory) fits every model and
+        budget, and the episodes of a rollout fit the generation memory."""
+        env, generating = self.env, self.actor_infer.generating_args
+        assert env is not None
+        env.validate(generating.max_new_tokens)
+        tokens = env.max_observation_tokens + env.max_trajectory_tokens
+        self.check_lengths(
+            model_facts,
+            tokens,
+            f"env.max_observation_tokens={env.max_observation_tokens} + "
+            f"env.max_trajectory_tokens={env.max_trajectory_tokens}",
+        )
+        lower = "env.max_trajectory_tokens, actor_infer.infer_batch_size or num_return_sequences"
+        for prompts, samples in ((self.rollout_batch_size, generating.num_return_sequences), (env.eval_episodes, 1)):
+            self.check_generation_memory(self.actor_infer, facts["actor_infer"], prompts * samples, 1, tokens, lower)
         self.check_resume()

@@ -26,12 +26,15 @@ from roll.pipeline.base.rl_workers import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LEN
 from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.rlvr import phases, step_plan
 from roll.pipeline.rlvr.async_generation import InFlightRollout, PolicyVersions
+from roll.pipeline.rlvr.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rollout import (
     add_overlong_penalty,
     compute_advantages,
+    informative_rows,
     keep_informative_groups,
     mask_truncated_responses,
+    widen_prompts,
 )
 from roll.utils.tracking import show_progress
 
@@ -49,13 +52,25 @@ class RLVRPipeline(BasePipeline):
             resolve_model_path(role.model_args.model_name_or_path)  # build tiny models once, here
         self.tokenizer = load_tokenizer(config.actor_train.model_args.model_name_or_path)
         self.pad_id = pad_token_id(self.tokenizer)
-        self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
-        if config.eval_batch_size:
-            self.eval_examples = self.eval_examples[: config.eval_batch_size]
-        self.sampler = make_sampler(
-            self.train_examples, config.rollout_batch_size, config.seed, config.data.domain_weights
-        )
         algorithm = config.algorithm
+        self.env_rollouts: EnvRollouts | None = None
+        if config.env is not None:  # episodes of an environment instead of prompts: no data, no reward clusters
+            self.train_examples, self.eval_examples = [], []
+            self.sampler = EpisodeSeeds(config.rollout_batch_size, config.env.eval_seed_offset)
+            self.env_rollouts = EnvRollouts(
+                config.env,
+                self.tokenizer,
+                self.pad_id,
+                config.actor_infer.generating_args,
+                algorithm.tis_cap is not None,
+            )
+        else:
+            self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
+            if config.eval_batch_size:
+                self.eval_examples = self.eval_examples[: config.eval_batch_size]
+            self.sampler = make_sampler(
+                self.train_examples, config.rollout_batch_size, config.seed, config.data.domain_weights
+            )
         self.kl_controller = (
             AdaptiveKLController(algorithm.kl_penalty_coef, algorithm.adaptive_kl_target, algorithm.adaptive_kl_horizon)
             if algorithm.adaptive_kl_target is not None
@@ -68,7 +83,7 @@ class RLVRPipeline(BasePipeline):
         # The roles that score, value or train the batch: which of them are configured decides the step's passes.
         self.trainer_roles = config.trainer_side_roles()
         names = ["actor_train", "actor_infer", *(r for r in self.trainer_roles if r != "actor_train")]
-        self.start_roles(names + [f"rewards.{key}" for key in config.rewards])
+        self.start_roles(names + [f"rewards.{key}" for key in config.reward_clusters()])
         infer = self.clusters["actor_infer"]
         self.weight_syncer = WeightSyncer(
             self.clusters["actor_train"],
@@ -117,11 +132,13 @@ class RLVRPipeline(BasePipeline):
         order = torch.argsort(torch.cat(parts))
         return DataProto.concat(results)[order]
 
-    def _generation_request(self, step: int) -> tuple[DataProto, GeneratingArguments]:
-        """The next prompts from the sampler and the sampling arguments of `step` (seeded by it)."""
+    def _generation_request(self, step: int, round_: int = 0) -> tuple[DataProto, GeneratingArguments]:
+        """The next prompts from the sampler and the sampling arguments of `step` (seeded by it, and by the
+        dynamic-sampling round after the first)."""
         prompts = encode_prompts(self.sampler.next_batch(), self.pad_id)
         prompts.meta_info[WITH_ENGINE_LOG_PROBS] = self.config.algorithm.tis_cap is not None
-        return prompts, replace(self.config.actor_infer.generating_args, seed=self.config.seed + step)
+        seed = self.config.seed + step + round_ * (self.config.max_steps + 1)
+        return prompts, replace(self.config.actor_infer.generating_args, seed=seed)
 
     def _as_rollout(self, batch: DataProto) -> DataProto:
         """`batch` as generated, with what the passes and the loss read from `meta_info`."""
@@ -164,9 +181,12 @@ class RLVRPipeline(BasePipeline):
         """One RL step through the phases; return its metrics, the phase timings last."""
         metrics: dict[str, float] = {}
         timings: dict[str, float] = {}
-        batch = self._rollout(step, metrics, timings)
-        batch = self.score_rollout(batch, step, metrics, timings)
-        batch, group_index = self.filter_groups(batch, metrics)
+        if self.env_rollouts is not None:
+            batch = self.play_episodes(step, metrics, timings)
+        else:
+            batch = self._rollout(step, metrics, timings)
+            batch = self.score_rollout(batch, step, metrics, timings)
+        batch, group_index = self.filter_groups(batch, step, metrics, timings)
         if len(batch) == 0:  # dynamic sampling kept no group
             return metrics | timings
         batch = self.log_prob_passes(batch, timings)
@@ -178,30 +198,53 @@ class RLVRPipeline(BasePipeline):
     def score_rollout(
         self, batch: DataProto, step: int, metrics: dict[str, float], timings: dict[str, float]
     ) -> DataProto:
-        """`batch` with its rows' `scores` (plus the overlong penalty, if configured), `reward_failed` and
-        `response_text` from the reward clusters; logs the rollout's metrics and a few samples."""
+        """`batch` scored (`_scored`); logs the rollout's metrics and a few samples."""
+        batch = self._scored(batch, metrics, timings)
+        metrics.update(self._rollout_metrics(batch))
+        self._log_samples(batch, step)
+        return batch
+
+    def _scored(self, batch: DataProto, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
+        """`batch` with its rows' `scores` (plus the overlong penalty, if configured; `verifier_scores` keeps
+        them without it), `reward_failed` and `response_text` from the reward clusters."""
         with self.residency.timed(phases.REWARDS, timings):
             rewards = self._rewards(batch)
             batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
             batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
-        metrics.update(self._rollout_metrics(batch))
-        self._log_samples(batch, step)
+        batch.batch["verifier_scores"] = batch.batch["scores"].float().clone()
         algorithm = self.config.algorithm
         if algorithm.overlong_buffer_len is not None:
             max_new_tokens = self.config.actor_infer.generating_args.max_new_tokens
             metrics["rollout/overlong_penalty_mean"] = add_overlong_penalty(batch, max_new_tokens, algorithm)
         return batch
 
-    def filter_groups(self, batch: DataProto, metrics: dict[str, float]) -> tuple[DataProto, torch.Tensor]:
+    def filter_groups(
+        self, batch: DataProto, step: int, metrics: dict[str, float], timings: dict[str, float]
+    ) -> tuple[DataProto, torch.Tensor]:
         """`batch` and the prompt group of each row; with dynamic sampling, only whole informative groups (maybe
-        none), as many as every role that takes the batch accepts."""
+        none), as many as every role that takes the batch accepts. With `dynamic_sampling_max_rounds` > 1,
+        more prompts are generated and scored (with the same weights) until the informative rows fill the
+        batch or the rounds run out."""
         n = self.config.actor_infer.generating_args.num_return_sequences
         group_index = group_index_from_repeat(len(batch) // n, n, interleave=True)
-        if not self.config.algorithm.dynamic_sampling:
+        algorithm = self.config.algorithm
+        if not algorithm.dynamic_sampling:
             return batch, group_index
+        target, rounds = len(batch), 1
+        while rounds < algorithm.dynamic_sampling_max_rounds and informative_rows(batch, group_index) < target:
+            with self.residency.timed(phases.GENERATE, timings):
+                prompts, generating_args = self._generation_request(step, rounds)
+                more = self._as_rollout(self.clusters["actor_infer"].generate(prompts, generating_args))
+            more = self._scored(more, metrics, timings)
+            width = max(batch.batch["prompts"].shape[1], more.batch["prompts"].shape[1])
+            batch = DataProto.concat([widen_prompts(part, width, self.pad_id) for part in (batch, more)])
+            more_index = group_index_from_repeat(len(more) // n, n, interleave=True) + int(group_index.max()) + 1
+            group_index = torch.cat([group_index, more_index])
+            rounds += 1
         row_multiple = step_plan.dynamic_sampling_row_multiple(self.trainer_roles)
-        batch, group_index, kept = keep_informative_groups(batch, group_index, row_multiple)
+        batch, group_index, kept = keep_informative_groups(batch, group_index, row_multiple, max_rows=target)
         metrics.update(kept)
+        metrics["rollout/generation_rounds"] = float(rounds)
         return batch, group_index
 
     def log_prob_passes(self, batch: DataProto, timings: dict[str, float]) -> DataProto:
@@ -257,7 +300,7 @@ class RLVRPipeline(BasePipeline):
             fraction = mask_truncated_responses(batch)
             metrics["actor/overlong_filtered_fraction"] = fraction
         # What the losses read: not the scores, nor the teacher's log-probs (already in the token rewards).
-        unread = ("scores", "teacher_log_probs")
+        unread = ("scores", "verifier_scores", "teacher_log_probs")
         train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=[])
         for role, phase in reversed(self._trained_roles()):  # the critic's update, then actor_train's
             prefix = "actor" if role == "actor_train" else role
@@ -308,12 +351,36 @@ class RLVRPipeline(BasePipeline):
 
     # ---- evaluation, checkpoints, the loop -------------------------------------------------
 
+    def play_episodes(self, step: int, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
+        """`step`'s batch of environment episodes (groups share their seed), scored by the environment; logs
+        the rollout's metrics and a few decoded episodes."""
+        assert self.env_rollouts is not None and self.config.env is not None
+        metrics.update(self.sync_weights())
+        with self.residency.timed(phases.GENERATE, timings):
+            n = self.config.actor_infer.generating_args.num_return_sequences
+            batch, episode_metrics = self.env_rollouts.train_batch(
+                self.clusters["actor_infer"], self.sampler.next_batch(), n, self.config.seed + step
+            )
+        batch = self._as_rollout(batch)
+        budget = self.config.env.max_trajectory_tokens
+        batch.meta_info[MAX_RESPONSE_LENGTH] = budget
+        metrics.update(episode_metrics)
+        metrics.update(self._rollout_metrics(batch))
+        self._log_samples(batch, step)
+        if self.config.algorithm.overlong_buffer_len is not None:
+            metrics["rollout/overlong_penalty_mean"] = add_overlong_penalty(batch, budget, self.config.algorithm)
+        return batch
+
     def evaluate(self) -> float:
-        """Greedy held-out accuracy of the current policy (actor_infer with the latest weights)."""
+        """Greedy held-out accuracy of the current policy (actor_infer with the latest weights); with an
+        environment, the success rate of greedy episodes on the held-out seeds."""
         if self.in_flight is not None:
             self.in_flight.result()  # the weight sync needs actor_infer idle
         self.sync_weights()
         self.residency.enter(phases.GENERATE)
+        if self.env_rollouts is not None:
+            success, _ = self.env_rollouts.held_out_success(self.clusters["actor_infer"])
+            return success
         accuracy, _ = greedy_accuracy(
             self.clusters["actor_infer"],
             self.eval_examples,
@@ -346,7 +413,7 @@ class RLVRPipeline(BasePipeline):
 
     def resume(self) -> dict:
         """Restore roles and driver state from `resume_from_checkpoint`; return the driver state."""
-        root = self.config.checkpoint_root
+        root = self.config.resume_root
         state = checkpoint_state.load_driver_state(root, self.config.resume_tag)
         tag = f"step_{state['step']}"
         for role, phase in self._trained_roles():

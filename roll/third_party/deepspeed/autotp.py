@@ -1,11 +1,14 @@
 """Full values of parameters DeepSpeed AutoTP has sharded over a tensor-parallel group (and ZeRO-3 partitioned).
 
 AutoTP replaces each linear layer it shards with a layer of its own (`LinearLayer` for column-parallel,
-`LinearAllreduce` for row-parallel) and gives each sharded parameter two bound methods of that layer:
-`gather_params(params)` sets `.data` of the tensors it is given to the concatenated shards (an all-gather
-over the tensor-parallel group) and `_tp_partition(params)` splits them again. DeepSpeed's own
-`GatherReplacedLayerParams` gathers in place and re-splits on exit; here the gather writes into aliases of
-the parameters, so each parameter keeps its own shard tensor, which is put back untouched on exit.
+`LinearAllreduce` for row-parallel, `fused_LinearLayer` and `SubParamLinearLayer` for fused projections
+such as QKV) and gives each sharded parameter two bound methods of that layer: `gather_params(params)` sets
+`.data` of the tensors it is given to the concatenated shards (an all-gather over the tensor-parallel group)
+and `_tp_partition(params)` splits them again. A layer tells its bias from its weight by identity
+(`param is self.bias`), so it must be handed its own parameters: the gather here runs on the real
+parameters, as DeepSpeed's `GatherReplacedLayerParams` does. Unlike it, the exit does not re-split the
+gathered values: each parameter gets back the very shard tensor it held (under ZeRO 1-2 a view of the
+optimizer's flat buffer), so training goes on exactly where it was.
 """
 
 from __future__ import annotations
@@ -39,13 +42,10 @@ def gathered_parameters(params: Sequence[torch.nn.Parameter], zero3: bool) -> It
         shards: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         try:
             for layer in layers:
-                own = list(layer.parameters(recurse=False))
-                aliases = [p.data.detach() for p in own]
+                own = list(layer.parameters(recurse=False))  # weight first, then bias, as DeepSpeed passes them
+                shards.extend((param, param.data) for param in own)
                 with torch.no_grad():
-                    layer.gather_params(aliases)
-                for param, alias in zip(own, aliases, strict=True):
-                    shards.append((param, param.data))
-                    param.data = alias.data
+                    layer.gather_params(own)
             yield
         finally:
             for param, shard in shards:

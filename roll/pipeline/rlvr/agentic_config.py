@@ -1,0 +1,52 @@
+"""The `env` block of an RLVR config: multi-turn episodes with an environment instead of prompts and rewards.
+
+With `env` set, each step's samples are episodes of the named environment (`roll.envs`), stepped in the
+driver (`multi_turn`); the reward clusters and the prompt data are not used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from roll.configs.schema import ConfigError, any_value, check
+from roll.envs.registry import env_factory
+
+
+@dataclass
+class EnvArguments:
+    """The environment, its turn and token budgets, and its held-out evaluation."""
+
+    # A registered name (guess_number, calculator_arithmetic, frozen_lake), a dotted path or `gem:<env_id>`.
+    name: str = field(
+        default="guess_number", metadata=check(nonempty=True, hint="e.g. guess_number or package.module.MyEnv")
+    )
+    kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata=any_value("the environment's constructor arguments, checked by make_env")
+    )
+    max_turns: int = field(default=5, metadata=check(ge=1))
+    # The whole response of an episode (actions and observations after the first); each turn samples at most
+    # actor_infer.generating_args.max_new_tokens of it.
+    max_trajectory_tokens: int = field(default=64, metadata=check(ge=1))
+    # A longer observation is cut to this many tokens and its episode ends as truncated; the first one too.
+    max_observation_tokens: int = field(default=32, metadata=check(ge=1))
+    # The episode's score for GRPO/RLOO: the sum of its turn rewards, or the last turn's.
+    trajectory_score: Literal["sum", "last"] = "sum"
+    eval_episodes: int = field(default=64, metadata=check(ge=1))
+    # Held-out seeds are eval_seed_offset + 0..eval_episodes-1; training seeds count up from 0 and stay below it.
+    eval_seed_offset: int = field(default=1_000_000_000, metadata=check(ge=1))
+    apply_chat_template: bool = False
+    timeout_s: float = field(default=30.0, metadata=check(gt=0))
+    max_concurrency: int = field(default=8, metadata=check(ge=1))
+
+    def validate(self, max_new_tokens: int) -> None:
+        """The environment resolves and the trajectory budget holds one turn; ConfigError naming the field."""
+        try:
+            env_factory(self.name, "env.name")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if self.max_trajectory_tokens < max_new_tokens:
+            raise ConfigError(
+                f"env.max_trajectory_tokens={self.max_trajectory_tokens} cannot hold one turn of "
+                f"actor_infer.generating_args.max_new_tokens={max_new_tokens}; raise it to at least {max_new_tokens}"
+            )

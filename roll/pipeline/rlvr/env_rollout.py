@@ -1,0 +1,83 @@
+"""The RLVR step's rollout when the config has an `env`: seeds, episodes through actor_infer, held-out success.
+
+It stands in for the prompt sampler and the reward clusters: `EpisodeSeeds` is the sampler (its position is
+checkpointed like one), `EnvRollouts.train_batch` the generated and scored batch of a step, and
+`EnvRollouts.held_out_success` the greedy evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.rlvr.agentic_config import EnvArguments
+from roll.pipeline.rlvr.multi_turn import MultiTurnRollout
+
+
+class EpisodeSeeds:
+    """Training seeds 0, 1, 2, ... `batch_size` at a time; its position is part of a checkpoint."""
+
+    def __init__(self, batch_size: int, limit: int) -> None:
+        self.batch_size = batch_size
+        self.limit = limit  # the first held-out seed: training never reaches it
+        self.position = 0
+
+    def next_batch(self) -> list[int]:
+        """The next `batch_size` seeds."""
+        if self.position + self.batch_size > self.limit:
+            raise RuntimeError(f"training seeds reached the held-out seeds at {self.limit}; raise env.eval_seed_offset")
+        seeds = list(range(self.position, self.position + self.batch_size))
+        self.position += self.batch_size
+        return seeds
+
+    def state_dict(self) -> dict[str, int]:
+        """The position, for a checkpoint."""
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a checkpoint's position."""
+        self.position = int(state["position"])
+
+
+def cluster_generate(cluster: Cluster) -> Any:
+    """`generate(request, args)` on `cluster`, the request padded to its data-parallel size and back."""
+
+    def generate(request: DataProto, args: GeneratingArguments) -> DataProto:
+        padded, pad = request.pad_to_divisor(cluster.world_size)
+        return cluster.generate(padded, args).unpad(pad)
+
+    return generate
+
+
+class EnvRollouts:
+    """Episodes of `env` played by an actor_infer cluster, for training steps and held-out evaluation."""
+
+    def __init__(
+        self,
+        env: EnvArguments,
+        tokenizer: Any,
+        pad_id: int,
+        generating_args: GeneratingArguments,
+        with_engine_log_probs: bool,
+    ) -> None:
+        self.env = env
+        self.generating_args = generating_args
+        self.rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs)
+        self.greedy_rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs=False)
+
+    def train_batch(
+        self, cluster: Cluster, seeds: list[int], group_size: int, base_seed: int
+    ) -> tuple[DataProto, dict[str, float]]:
+        """One episode per seed and group member (members adjacent, sharing their seed), and the metrics."""
+        repeated = [seed for seed in seeds for _ in range(group_size)]
+        return self.rollout.run(cluster_generate(cluster), repeated, self.generating_args, base_seed)
+
+    def held_out_success(self, cluster: Cluster) -> tuple[float, dict[str, float]]:
+        """Greedy success rate over the `eval_episodes` held-out seeds, and the episodes' metrics."""
+        seeds = [self.env.eval_seed_offset + i for i in range(self.env.eval_episodes)]
+        greedy = replace(self.generating_args, do_sample=False)
+        _, metrics = self.greedy_rollout.run(cluster_generate(cluster), seeds, greedy, base_seed=0)
+        return metrics["rollout/success"], metrics

@@ -1,0 +1,221 @@
+"""The multi-turn rollout: episodes of an environment played by actor_infer, as one batch in the single-turn layout.
+
+Token in, token out. Each turn generates for every running episode from its token history (left-padded),
+keeps the sampled ids exactly as the engine returned them (the final EOS included), decodes them for the
+environment, and appends the observation encoded on its own (`observations`). The batch it returns is what
+the rest of the RLVR step reads from a single-turn rollout:
+
+- `prompts`: the first observation (left-padded); `responses`: everything after it, actions and observations,
+  right-padded to `env.max_trajectory_tokens`;
+- `response_mask`: the loss mask, 1 exactly on sampled tokens; `attention_mask`: 1 on every real token;
+- `scores` (sum or last of the turn rewards), `turn_rewards` (each turn's reward on its last sampled token),
+  `truncated`, `reward_failed` (zeros), and `engine_log_probs` (0 on environment tokens) when asked for.
+
+The environments run in the driver (`EnvManager`, threads with a timeout); an env role of Ray actors is
+later work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.scheduler.protocol import DataProto
+from roll.envs.manager import EnvManager, EnvResult
+from roll.envs.protocol import ENV_ERROR, INVALID_ACTION, OBSERVATION_ROLE, SUCCESS, TOOL_CALLS, TOOL_SUCCESSES
+from roll.envs.registry import make_env
+from roll.pipeline.base.rl_workers import WITH_ENGINE_LOG_PROBS
+from roll.pipeline.rlvr.agentic_config import EnvArguments
+from roll.pipeline.rlvr.observations import ObservationEncoder
+
+# generate(request, generating_args) -> a rollout batch (`responses`, `response_mask`, maybe `engine_log_probs`).
+Generate = Callable[[DataProto, GeneratingArguments], DataProto]
+# Turn seeds of one rollout are base_seed * TURN_SEED_STRIDE + turn, so no two turns or steps share one.
+TURN_SEED_STRIDE = 1000
+
+
+@dataclass
+class Episode:
+    """One trajectory as it is played: the ids, the loss mask and what each turn returned."""
+
+    seed: int
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    # (index in response_ids of the turn's last sampled token, the turn's reward)
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)
+    transcript: list[str] = field(default_factory=list)
+    prompt: str = ""
+    done: bool = False
+    truncated: bool = False
+    success: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
+
+    def count(self, info: dict[str, Any]) -> None:
+        """Add a turn's numeric info to the episode's counts."""
+        for key in (INVALID_ACTION, TOOL_CALLS, TOOL_SUCCESSES, ENV_ERROR):
+            value = info.get(key)
+            if isinstance(value, (bool, int, float)):
+                self.counts[key] = self.counts.get(key, 0.0) + float(value)
+        if isinstance(info.get(SUCCESS), (bool, int, float)):
+            self.success = float(info[SUCCESS])
+
+    def end(self, truncated: bool = False) -> None:
+        """Stop playing this episode."""
+        self.done = True
+        self.truncated = self.truncated or truncated
+
+
+class MultiTurnRollout:
+    """Plays episodes of `env` with a `generate` function; `run` returns the batch and its metrics."""
+
+    def __init__(self, env: EnvArguments, tokenizer: Any, pad_id: int, with_engine_log_probs: bool = False) -> None:
+        self.env = env
+        self.tokenizer = tokenizer
+        self.pad_id = pad_id
+        self.with_engine_log_probs = with_engine_log_probs
+        self.encoder = ObservationEncoder(tokenizer, env.apply_chat_template)
+
+    def run(
+        self, generate: Generate, seeds: Sequence[int], generating_args: GeneratingArguments, base_seed: int
+    ) -> tuple[DataProto, dict[str, float]]:
+        """Play one episode per seed (repeat a seed for a GRPO group); return the batch and the rollout metrics."""
+        env = self.env
+        manager = EnvManager(
+            lambda: make_env(env.name, env.kwargs, "env.name"), len(seeds), env.max_concurrency, env.timeout_s
+        )
+        try:
+            episodes = [Episode(seed) for seed in seeds]
+            for episode, result in zip(episodes, manager.reset(list(seeds)), strict=True):
+                self._start(episode, result)
+            for turn in range(env.max_turns):
+                active = [i for i, episode in enumerate(episodes) if not episode.done]
+                if not active:
+                    break
+                turn_args = replace(generating_args, num_return_sequences=1, seed=base_seed * TURN_SEED_STRIDE + turn)
+                actions = self._act([episodes[i] for i in active], generate, turn_args)
+                results = manager.step(actions, active)
+                for i, result in zip(active, results, strict=True):
+                    self._observe(episodes[i], result, last_turn=turn + 1 == env.max_turns, turn_args=turn_args)
+        finally:
+            manager.close()
+        return self._batch(episodes), episode_metrics(episodes)
+
+    def _start(self, episode: Episode, result: EnvResult) -> None:
+        episode.prompt = result.observation
+        ids = self.encoder.first(result.observation) if not result.done else []
+        if len(ids) > self.env.max_observation_tokens:
+            # Cut, and the episode still plays: the loss of a truncated row is only dropped by overlong_filter.
+            ids, episode.truncated = ids[-self.env.max_observation_tokens :], True
+        episode.prompt_ids = ids or [self.pad_id]
+        episode.count(result.info)
+        if result.done:
+            episode.end(truncated=True)
+
+    def _act(self, episodes: list[Episode], generate: Generate, args: GeneratingArguments) -> list[str]:
+        """Generate one turn for `episodes`, append the sampled ids to each, return the decoded actions."""
+        histories = [episode.prompt_ids + episode.response_ids for episode in episodes]
+        width = max(len(h) for h in histories)
+        ids = torch.tensor([[self.pad_id] * (width - len(h)) + h for h in histories])
+        mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories])
+        request = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask})
+        request.meta_info[WITH_ENGINE_LOG_PROBS] = self.with_engine_log_probs
+        out = generate(request, args)
+        lengths = out.batch["response_mask"].sum(-1).tolist()
+        actions = []
+        for row, (episode, length) in enumerate(zip(episodes, lengths, strict=True)):
+            sampled = out.batch["responses"][row, :length].tolist()
+            episode.response_ids += sampled
+            episode.loss_mask += [1] * len(sampled)
+            if self.with_engine_log_probs:
+                episode.log_probs += out.batch["engine_log_probs"][row, :length].float().tolist()
+            action = self.tokenizer.decode(sampled, skip_special_tokens=True)
+            episode.transcript.append(action)
+            actions.append(action)
+        return actions
+
+    def _observe(self, episode: Episode, result: EnvResult, last_turn: bool, turn_args: GeneratingArguments) -> None:
+        """Record a step's reward on the turn's last sampled token; append its observation if another turn fits."""
+        episode.turn_rewards.append((max(len(episode.response_ids) - 1, 0), result.reward))
+        episode.count(result.info)
+        if result.done:
+            episode.end(truncated=result.truncated)
+            return
+        if last_turn:
+            episode.end(truncated=True)
+            return
+        ended_with_eos = bool(episode.response_ids) and episode.response_ids[-1] == self.tokenizer.eos_token_id
+        role = "tool" if result.info.get(OBSERVATION_ROLE) == "tool" else "user"
+        ids = self.encoder.next(result.observation, role, ended_with_eos)
+        budget = self.env.max_trajectory_tokens - len(episode.response_ids) - turn_args.max_new_tokens
+        if len(ids) > self.env.max_observation_tokens or len(ids) > budget:
+            episode.end(truncated=True)  # the observation is cut to nothing: no action would follow it
+            return
+        episode.response_ids += ids
+        episode.loss_mask += [0] * len(ids)
+        episode.log_probs += [0.0] * len(ids) if self.with_engine_log_probs else []
+        episode.transcript.append(result.observation)
+
+    def _batch(self, episodes: list[Episode]) -> DataProto:
+        """The episodes in the single-turn rollout layout (see the module docstring)."""
+        rows, width = len(episodes), self.env.max_trajectory_tokens
+        prompt_width = max(len(e.prompt_ids) for e in episodes)
+        prompts = torch.full((rows, prompt_width), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long)
+        responses = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        response_mask = torch.zeros((rows, width), dtype=torch.long)
+        attended = torch.zeros((rows, width), dtype=torch.long)
+        turn_rewards = torch.zeros((rows, width), dtype=torch.float32)
+        log_probs = torch.zeros((rows, width), dtype=torch.float32)
+        scores = torch.zeros(rows, dtype=torch.float32)
+        for i, e in enumerate(episodes):
+            p, r = len(e.prompt_ids), len(e.response_ids)
+            prompts[i, prompt_width - p :] = torch.tensor(e.prompt_ids)
+            prompt_mask[i, prompt_width - p :] = 1
+            if r:
+                responses[i, :r] = torch.tensor(e.response_ids)
+                response_mask[i, :r] = torch.tensor(e.loss_mask)
+                attended[i, :r] = 1
+            if self.with_engine_log_probs and r:
+                log_probs[i, :r] = torch.tensor(e.log_probs)
+            for position, reward in e.turn_rewards:
+                turn_rewards[i, position] += reward
+            rewards = [reward for _, reward in e.turn_rewards]
+            scores[i] = (sum(rewards) if self.env.trajectory_score == "sum" else rewards[-1]) if rewards else 0.0
+        input_ids, attention_mask = torch.cat([prompts, responses], 1), torch.cat([prompt_mask, attended], 1)
+        sequences = {"input_ids": input_ids, "attention_mask": attention_mask}
+        tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask, **sequences}
+        tensors["truncated"] = torch.tensor([e.truncated for e in episodes])
+        tensors |= {"scores": scores, "turn_rewards": turn_rewards, "reward_failed": torch.zeros(rows)}
+        if self.with_engine_log_probs:
+            tensors["engine_log_probs"] = log_probs
+        non_tensors = {
+            "prompt": [e.prompt for e in episodes],
+            "response_text": [" | ".join(e.transcript) for e in episodes],
+            "answer": [f"seed {e.seed}, success {e.success:g}" for e in episodes],
+            "env_seed": np.array([e.seed for e in episodes], dtype=np.int64),
+        }
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Success, turns, invalid actions, tool use, truncations and environment errors of the episodes."""
+    count = len(episodes)
+    turns = [len(e.turn_rewards) for e in episodes]
+    total = {key: sum(e.counts.get(key, 0.0) for e in episodes) for key in (INVALID_ACTION, TOOL_CALLS, ENV_ERROR)}
+    tool_successes = sum(e.counts.get(TOOL_SUCCESSES, 0.0) for e in episodes)
+    return {
+        "rollout/success": sum(e.success for e in episodes) / count,
+        "rollout/turns_mean": sum(turns) / count,
+        "rollout/invalid_action_rate": total[INVALID_ACTION] / max(sum(turns), 1),
+        "rollout/tool_calls_per_episode": total[TOOL_CALLS] / count,
+        "rollout/tool_success_rate": tool_successes / total[TOOL_CALLS] if total[TOOL_CALLS] else 0.0,
+        "rollout/truncated_fraction": sum(e.truncated for e in episodes) / count,
+        "rollout/env_errors": total[ENV_ERROR],
+    }

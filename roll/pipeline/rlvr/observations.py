@@ -1,0 +1,53 @@
+"""Observations as token ids, each encoded on its own: the history of an episode is never re-tokenised.
+
+Without a chat template an observation is its text plus a newline. With one, the first observation is the
+template's user turn with the generation prompt, and each later one the template's *next-turn delta*: what
+rendering one more message adds after an assistant turn, minus the end-of-turn token the policy sampled
+itself (its EOS).
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+# Placeholder turns whose rendering is subtracted to find what the template adds around a new message.
+_USER, _ASSISTANT = "\x00u\x00", "\x00a\x00"
+
+
+class ObservationEncoder:
+    """Token ids of observations for `tokenizer`, plain text or through its chat template."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> None:
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("env.apply_chat_template is true but the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+
+    def first(self, observation: str) -> list[int]:
+        """The ids of the episode's first observation (the prompt)."""
+        if not self.chat_template:
+            return self._ids(observation + "\n")
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": observation}], tokenize=False, add_generation_prompt=True
+        )
+        return self._ids(text)
+
+    def next(self, observation: str, role: str = "user", action_ended_with_eos: bool = True) -> list[int]:
+        """The ids appended after an action: the observation as the next turn of `role` ("user" or "tool")."""
+        if not self.chat_template:
+            return self._ids(observation + "\n")
+        base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
+        render = self.tokenizer.apply_chat_template
+        before = render(base, tokenize=False)
+        after = render([*base, {"role": role, "content": observation}], tokenize=False, add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError("the chat template renders earlier turns differently once a turn follows them")
+        # What the template writes after the assistant's text; the policy sampled its EOS part itself.
+        closing = before[before.rindex(_ASSISTANT) + len(_ASSISTANT) :]
+        eos = self.tokenizer.eos_token or ""
+        if action_ended_with_eos and eos and closing.startswith(eos):
+            closing = closing[len(eos) :]
+        return self._ids(closing + after[len(before) :])
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

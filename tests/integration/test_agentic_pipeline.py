@@ -1,0 +1,55 @@
+"""The agentic guess_number recipe end to end with real Ray, DeepSpeed and hf_infer: two steps of multi-turn
+episodes, their metrics, a checkpoint, and a resume that recomputes the second step the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from tests.pipeline_runs import run_pipeline
+from tests.unit.test_hydra_configs import load_config
+
+pytestmark = pytest.mark.slow
+
+# Two steps of 4 seeds x 4 episodes, one rank per role on one shared device.
+FAST = [
+    "pretrain='tiny://qwen2?hidden_size=64&num_heads=2&num_kv_heads=1&num_layers=1'",
+    "rollout_batch_size=4",
+    "max_steps=2",
+    "eval_steps=2",
+    "save_steps=1",
+    "env.eval_episodes=8",
+    "actor_train.training_args.per_device_train_batch_size=16",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+    "actor_infer.generating_args.num_return_sequences=4",
+    "actor_train.device_mapping=0",
+    "actor_infer.device_mapping=0",
+    "devices_per_node=1",
+    "platform=cpu",
+]
+
+
+def run(output: Path, *extra: str) -> list[dict]:
+    config: RLVRConfig = load_config("agentic_guess_number", [*FAST, f"output_dir={output}", *extra])
+    return run_pipeline(RLVRPipeline, config)[1]
+
+
+def test_two_steps_of_episodes_train_checkpoint_and_resume(ray_session: None, tmp_path: Path) -> None:
+    rows = run(tmp_path)
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for step in (1, 2):
+        row = rows[step]
+        for key in ("rollout/success", "rollout/turns_mean", "rollout/invalid_action_rate", "actor/loss"):
+            assert key in row, (step, key)
+        assert 1 <= row["rollout/turns_mean"] <= 5 and row["rollout/env_errors"] == 0
+    assert 0 <= rows[2]["val/accuracy"] <= 1
+    run_dir = tmp_path / "agentic_guess_number"
+    assert (run_dir / "checkpoints" / "step_1" / "driver_state.json").is_file()
+
+    resumed = run(tmp_path, "resume_from_checkpoint=step_1")
+    assert [row["step"] for row in resumed] == [0, 1, 2]
+    for key in ("rollout/success", "rollout/turns_mean", "rollout/response_length_mean", "actor/loss"):
+        assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-6, abs=1e-9), key

@@ -1,0 +1,193 @@
+"""The multi-turn rollout with a stand-in engine: masks, reward positions, token consistency, groups, failures."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.scheduler.protocol import DataProto
+from roll.envs.protocol import SUCCESS
+from roll.envs.registry import register_env
+from roll.models.model_providers import load_tokenizer
+from roll.pipeline.rlvr.agentic_config import EnvArguments
+from roll.pipeline.rlvr.env_rollout import EnvRollouts
+from roll.pipeline.rlvr.multi_turn import MultiTurnRollout
+from roll.pipeline.rlvr.rollout import compute_advantages
+
+RESETS: list[int | None] = []
+
+
+@register_env("test_two_turns")
+class TwoTurns:
+    """Observation "go", then "ok" with reward 0.5 after the first action; reward 1 and success on the second."""
+
+    def __init__(self, fail: str = "") -> None:
+        self.fail, self.turns = fail, 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        RESETS.append(seed)
+        self.turns = 0
+        return "go", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        self.turns += 1
+        if self.fail == "raise":
+            raise RuntimeError("broken")
+        if self.fail == "hang":
+            time.sleep(30)
+        if self.turns == 2:
+            return "done", 1.0, True, False, {SUCCESS: 1.0}
+        return "ok", 0.5, False, False, {}
+
+
+class ScriptedEngine:
+    """Answers every row with the same sampled ids `xy<eos>` and records what each call saw and returned."""
+
+    world_size = 1
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.sampled = [*tokenizer("xy", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        self.calls: list[tuple[list[list[int]], list[int], GeneratingArguments]] = []
+
+    def generate(self, request: DataProto, args: GeneratingArguments) -> DataProto:
+        ids, mask = request.batch["input_ids"], request.batch["attention_mask"].bool()
+        seen = [row[keep].tolist() for row, keep in zip(ids, mask, strict=True)]
+        self.calls.append((seen, self.sampled, args))
+        rows, width = len(request), len(self.sampled) + 2
+        responses = torch.zeros((rows, width), dtype=torch.long)
+        responses[:, : len(self.sampled)] = torch.tensor(self.sampled)
+        response_mask = (torch.arange(width) < len(self.sampled)).long().expand(rows, width)
+        return DataProto.from_dict(tensors={"responses": responses, "response_mask": response_mask})
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer("tiny://qwen2")
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _play(tokenizer: Any, seeds: list[int], **env: Any) -> tuple[DataProto, dict[str, float], ScriptedEngine]:
+    args = EnvArguments(name="test_two_turns", max_trajectory_tokens=16, **env)
+    engine = ScriptedEngine(tokenizer)
+    rollout = MultiTurnRollout(args, tokenizer, pad_id=0)
+    batch, metrics = rollout.run(engine.generate, seeds, GeneratingArguments(max_new_tokens=4), base_seed=7)
+    return batch, metrics, engine
+
+
+def test_masks_rewards_and_ids_of_a_two_turn_episode(tokenizer: Any) -> None:
+    batch, metrics, engine = _play(tokenizer, [3])
+    xy_eos, ok = engine.sampled, _ids(tokenizer, "ok\n")
+    assert len(xy_eos) == 3 and len(ok) == 3
+    data = batch.batch
+    assert data["prompts"][0].tolist() == _ids(tokenizer, "go\n")
+    # Actions, then the observation, then the second action; the final observation "done" is not appended.
+    assert data["responses"][0, :9].tolist() == xy_eos + ok + xy_eos
+    assert data["responses"].shape[1] == 16
+    assert data["response_mask"][0].tolist() == [1, 1, 1, 0, 0, 0, 1, 1, 1] + [0] * 7  # loss on sampled ids only
+    assert data["attention_mask"][0].tolist() == [1] * 3 + [1] * 9 + [0] * 7  # env tokens attended
+    expected_rewards = [0.0] * 16
+    expected_rewards[2], expected_rewards[8] = 0.5, 1.0  # each on its turn's last sampled token (the EOS)
+    assert data["turn_rewards"][0].tolist() == expected_rewards
+    assert data["scores"].tolist() == [1.5]  # sum
+    assert data["truncated"].tolist() == [False]
+    assert metrics["rollout/success"] == 1.0 and metrics["rollout/turns_mean"] == 2.0
+    # Token in, token out: each call saw the previous call's ids plus the observation, and the trained row is
+    # the last call's input followed by what it returned.
+    (first_seen, _, first_args), (second_seen, _, second_args) = engine.calls
+    assert second_seen[0] == first_seen[0] + xy_eos + ok
+    row = data["input_ids"][0][data["attention_mask"][0].bool()].tolist()
+    assert row == second_seen[0] + xy_eos
+    assert first_args.num_return_sequences == 1 and first_args.seed != second_args.seed
+
+
+def test_last_turn_score(tokenizer: Any) -> None:
+    batch, _, _ = _play(tokenizer, [3], trajectory_score="last")
+    assert batch.batch["scores"].tolist() == [1.0]
+    assert batch.batch["turn_rewards"].sum().item() == 1.5
+
+
+def test_a_turn_that_would_not_fit_truncates_the_episode(tokenizer: Any) -> None:
+    args = EnvArguments(name="test_two_turns", max_trajectory_tokens=8)  # 3 + 3 + 4 > 8
+    engine = ScriptedEngine(tokenizer)
+    batch, metrics = MultiTurnRollout(args, tokenizer, 0).run(
+        engine.generate, [1], GeneratingArguments(max_new_tokens=4), 0
+    )
+    assert len(engine.calls) == 1
+    assert batch.batch["response_mask"][0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert batch.batch["attention_mask"][0, -8:].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert batch.batch["truncated"].tolist() == [True] and metrics["rollout/truncated_fraction"] == 1.0
+
+
+def test_max_turns_truncates(tokenizer: Any) -> None:
+    batch, _, engine = _play(tokenizer, [1], max_turns=1)
+    assert len(engine.calls) == 1 and batch.batch["truncated"].tolist() == [True]
+    assert batch.batch["scores"].tolist() == [0.5]
+
+
+def test_a_grpo_group_shares_its_seed(tokenizer: Any) -> None:
+    RESETS.clear()
+    args = EnvArguments(name="test_two_turns", max_trajectory_tokens=16)
+    rollouts = EnvRollouts(args, tokenizer, 0, GeneratingArguments(max_new_tokens=4), False)
+    batch, _ = rollouts.train_batch(ScriptedEngine(tokenizer), [5, 9], group_size=3, base_seed=1)  # type: ignore[arg-type]
+    assert batch.non_tensor_batch["env_seed"].tolist() == [5, 5, 5, 9, 9, 9]
+    assert RESETS == [5, 5, 5, 9, 9, 9]
+
+
+@pytest.mark.parametrize("fail", ["raise", "hang"])
+def test_a_failing_env_truncates_its_own_episode_within_the_timeout(tokenizer: Any, fail: str) -> None:
+    args = EnvArguments(name="test_two_turns", kwargs={"fail": fail}, max_trajectory_tokens=16, timeout_s=0.5)
+    started = time.monotonic()
+    batch, metrics = MultiTurnRollout(args, tokenizer, 0).run(
+        ScriptedEngine(tokenizer).generate, [1, 2], GeneratingArguments(max_new_tokens=4), 0
+    )
+    assert time.monotonic() - started < 5
+    assert batch.batch["truncated"].tolist() == [True, True]
+    assert metrics["rollout/env_errors"] == 2.0
+    assert batch.batch["response_mask"][:, :3].sum().item() == 6  # the action before the failure stays trainable
+
+
+def _turn_batch(values: list[float] | None = None) -> DataProto:
+    tensors = {
+        "response_mask": torch.tensor([[1, 1, 0, 1]]),
+        "turn_rewards": torch.tensor([[0.0, 0.5, 0.0, 1.0]]),
+        "scores": torch.tensor([1.5]),
+    }
+    if values is not None:
+        tensors["values"] = torch.tensor([values])
+    return DataProto.from_dict(tensors=tensors)
+
+
+def test_reinforce_plus_plus_reads_turn_rewards_and_skips_env_tokens() -> None:
+    algorithm = AlgorithmArguments(adv_estimator="reinforce_plus_plus", gamma=1.0)
+    batch, _ = compute_advantages(_turn_batch(), torch.tensor([0]), algorithm, 0.0)
+    assert batch.batch["token_rewards"].tolist() == [[0.0, 0.5, 0.0, 1.0]]
+    assert batch.batch["returns"].tolist() == [[1.5, 1.5, 0.0, 1.0]]  # G_t over sampled tokens only
+
+
+def test_gae_skips_env_tokens() -> None:
+    algorithm = AlgorithmArguments(adv_estimator="gae", gamma=1.0, lam=1.0, whiten_advantages=False)
+    batch, _ = compute_advantages(_turn_batch([0.1, 0.2, 9.0, 0.3]), torch.tensor([0]), algorithm, 0.0)
+    # t3: 1 - 0.3; t1: 0.5 + V3 - V1 + A3 = 0.6 + 0.7; t0: 0 + V1 - V0 + A1 = 0.1 + 1.3; the env token's value unused.
+    assert batch.batch["advantages"][0].tolist() == pytest.approx([1.4, 1.3, 0.0, 0.7])
+
+
+def test_grpo_uses_the_trajectory_score() -> None:
+    algorithm = AlgorithmArguments(adv_estimator="grpo")
+    batch, _ = compute_advantages(_turn_batch(), torch.tensor([0]), algorithm, 0.0)
+    assert batch.batch["token_rewards"].tolist() == [[0.0, 0.0, 0.0, 1.5]]  # score on the last sampled token
+
+
+def test_env_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"env\.name"):
+        EnvArguments(name="no_such_env").validate(max_new_tokens=4)
+    with pytest.raises(ConfigError, match=r"env\.max_trajectory_tokens=3"):
+        EnvArguments(max_trajectory_tokens=3).validate(max_new_tokens=4)
