@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from roll.configs.worker_config import ModelArguments
+from roll.models.reward_pooling import pool_at_last_attended_token
 from roll.models.tiny import TINY_SCHEME, build_char_tokenizer, resolve_model_path
 
 ModelKind = Literal["causal_lm", "value", "reward"]
@@ -79,7 +80,7 @@ def load_model(
         # Dropout before a regression head would give the same batch different values on each pass.
         config.classifier_dropout = 0.0
     if kind == "reward" and config.pad_token_id is None:
-        # The sequence score is read at the last non-pad token, so the model must know the pad id.
+        # transformers refuses a batch without a pad id, although the score is read at the last attended token.
         config.pad_token_id = load_tokenizer(str(path)).pad_token_id
     model = _AUTO_CLASSES[kind].from_pretrained(
         path,
@@ -98,6 +99,8 @@ def load_model(
             target_modules=list(model_args.lora_target_modules),
         )
         model = get_peft_model(model, lora_config)
+    if kind == "reward":
+        pool_at_last_attended_token(model)
     return model
 
 

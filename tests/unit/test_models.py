@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roll.configs.worker_config import ModelArguments
 from roll.models.model_providers import dtype_from_name, load_model, load_tokenizer
+from roll.models.reward_pooling import classification_head
 from roll.models.tiny import DEFAULT_ALPHABET, TinyModelSpec, build_char_tokenizer, make_tiny_model
 
 MIXED = "Hello, World!  12+3*(4-5)/6=7?\n  x_y: 'a' \"b\" #1 <2> 50%; ok.\n"
@@ -202,3 +203,20 @@ def test_lora_merge_honours_fan_in_fan_out() -> None:
     reference = model.merge_and_unload().state_dict()
     for name, tensor in merged.items():
         torch.testing.assert_close(tensor, reference[name], msg=name)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_reward_score_is_read_at_the_last_attended_token_whatever_pads_the_row(model_dir: Path, lora_rank: int) -> None:
+    # pad == eos (Qwen2.5 base): the row ends in a sampled EOS followed by EOS padding. transformers would read the
+    # token before the final EOS; the score must be the head's output at the EOS itself.
+    model = load_model(ModelArguments(model_name_or_path=str(model_dir), dtype="fp32", lora_rank=lora_rank), "reward")
+    eos = model.config.eos_token_id
+    model.config.pad_token_id = eos
+    input_ids = torch.tensor([[5, 6, 7, eos, eos, eos], [5, 6, 7, 8, 9, eos]])
+    attention_mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    rows = zip(input_ids, (4, 6))
+    with torch.no_grad():
+        scores = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
+        hidden = [model(input_ids=row[None, :n], output_hidden_states=True).hidden_states[-1][0, -1] for row, n in rows]
+        expected = [classification_head(model)(h)[0] for h in hidden]
+    assert scores.tolist() == pytest.approx([e.item() for e in expected], abs=1e-5)

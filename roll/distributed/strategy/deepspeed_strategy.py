@@ -138,7 +138,7 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         """The largest of every rank's micro-batch count: ranks run forward passes together (ZeRO gathers, reduces)."""
         if self.worker.world_size == 1:
             return count
-        largest = torch.tensor([count], dtype=torch.int64)
+        largest = torch.tensor([count], dtype=torch.int64, device=self.device)  # NCCL reduces device tensors only
         torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
         return int(largest.item())
 
@@ -342,7 +342,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         Tensor-parallel peers computed the same values, so the mean over all ranks is the data-parallel mean.
         """
         keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(values)
         return {k: v / self.worker.world_size for k, v in zip(keys, values.tolist(), strict=True)}
 
