@@ -214,7 +214,7 @@ def test_reward_score_is_read_at_the_last_attended_token_whatever_pads_the_row(m
     model.config.pad_token_id = eos
     input_ids = torch.tensor([[5, 6, 7, eos, eos, eos], [5, 6, 7, 8, 9, eos]])
     attention_mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
-    rows = zip(input_ids, (4, 6))
+    rows = zip(input_ids, (4, 6), strict=True)
     with torch.no_grad():
         scores = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
         hidden = [model(input_ids=row[None, :n], output_hidden_states=True).hidden_states[-1][0, -1] for row, n in rows]
