@@ -49,6 +49,11 @@ class StrategyWorker(PipelineStrategyWorker):
     def generate(self, batch: DataProto, args: GeneratingArguments) -> DataProto:
         return generation_batch(self.strategy.generate(batch, args))
 
+    @register(Dispatch.ONE_TO_ALL)
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """What this rank's weight sync sends (`iter_hf_weights`, which every rank runs): name -> tensor, on CPU."""
+        return {name: tensor.cpu() for name, tensor in self.strategy.iter_hf_weights()}
+
 
 def generation_batch(generation: Generation) -> DataProto:
     """A strategy's `Generation` as a DataProto: `output_ids`, `response_lengths`, `truncated` (and `log_probs`)."""

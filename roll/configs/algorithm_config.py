@@ -21,7 +21,8 @@ class AlgorithmArguments:
     unit variance) before the PPO loss, as PPO implementations commonly do; the critic's value targets
     stay unwhitened. `kl_loss_kind` is the estimator of the KL loss (`use_kl_loss`, `kl_loss_coef`),
     `kl_penalty_kind` that of the KL reward penalty (`kl_penalty_coef`, `adaptive_kl_target`); the
-    adaptive controller scales `kl_penalty_coef`, so it needs a positive start value.
+    adaptive controller scales `kl_penalty_coef`, so it needs a positive start value. k1 is refused as the
+    loss's estimator: its expected gradient on the policy's own samples is 0 (it stays fine as a penalty).
     `log_prob_temperature`: "one" scores tokens under the model's own distribution (TRL's and
     OpenRLHF's default); "sampling" divides the logits by actor_infer's sampling temperature first
     (verl's choice), so old, reference and current log-probs are those of the distribution the samples
@@ -99,6 +100,14 @@ class AlgorithmArguments:
             raise ConfigError(
                 f"algorithm.dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} refills a batch that "
                 "dynamic sampling shrank, and algorithm.dynamic_sampling is false; set it to true or drop the rounds"
+            )
+        if self.use_kl_loss and self.kl_loss_kind == "k1":
+            raise ConfigError(
+                "algorithm.kl_loss_kind=k1 with algorithm.use_kl_loss=true: as a loss, k1 = log p - log p_ref has "
+                "zero expected gradient (on samples of the policy its gradient is the score function, whose mean is "
+                "0), so the KL term only adds noise; use k3 (non-negative, low variance: GRPO's choice) or k2 (its "
+                "expected gradient is that of KL(p || p_ref)). k1 stays the usual estimator of the reward penalty "
+                "(algorithm.kl_penalty_kind)"
             )
         if self.adaptive_kl_target is not None and self.kl_penalty_coef <= 0:
             raise ConfigError(

@@ -11,6 +11,7 @@ of the batch with another prompt's completion (`mismatched_examples`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from roll.datasets.prompt_dataset import (
 from roll.datasets.sources import RowError, Source, check_text_columns
 from roll.distributed.scheduler.protocol import DataProto
 
+logger = logging.getLogger(__name__)
 _TRUE, _FALSE = {"1", "true"}, {"0", "false"}
 
 
@@ -144,21 +146,43 @@ def require_both_labels(desirable: torch.Tensor, source: str) -> None:
 
 
 def mismatched_examples(examples: Sequence[Example]) -> list[Example]:
-    """Each example's prompt with the completion of another example of the batch.
+    """Rows of the batch's prompts each with the completion of a row whose prompt differs (KTO's reference point).
 
-    Row i takes the completion of row (i + s) mod n for the smallest shift s that leaves the fewest
-    rows with a completion of their own prompt: s = 1 for distinct prompts, s = 2 for pairs laid out
-    side by side (TRL shifts by 1 always, which on pairs pairs a prompt with its own other answer).
+    Rows that share a prompt text are one group (a pair read unpaired, or the same prompt twice). The rows
+    are laid out group after group, largest first, and each takes the completion `m` places further on,
+    where `m` is the largest group's size. When no prompt fills more than half of the batch this pairs
+    every row with another prompt's completion (a group spans at most `m` consecutive places). Distinct
+    prompts take the next row's completion (TRL's shift by 1), pairs side by side the next pair's.
+
+    When one prompt fills more than half of the batch, no arrangement can give all its rows another
+    prompt's completion: the rows left with a completion of their own prompt are left out (a warning says
+    how many), so the estimate only ever sees mismatched rows. A batch whose rows all share one prompt
+    (a single row included) has no mismatched row: ValueError.
     """
-    n = len(examples)
-    prompts = [e.prompt for e in examples]
-
-    def own_prompt_rows(shift: int) -> int:
-        return sum(prompts[i] == prompts[(i + shift) % n] for i in range(n))
-
-    shift = min(range(1, max(n, 2)), key=own_prompt_rows)
-    partners = [examples[(i + shift) % n] for i in range(n)]
+    groups: dict[str, list[int]] = {}
+    for i, example in enumerate(examples):
+        groups.setdefault(example.prompt, []).append(i)
+    if len(groups) < 2:
+        raise ValueError(
+            f"KTO's reference point scores prompts with completions of other prompts, but the {len(examples)} "
+            "row(s) of this batch share one prompt; use a batch_size of rows with at least two different prompts"
+        )
+    ordered = sorted(groups.values(), key=len, reverse=True)  # stable: equal sizes keep the batch's order
+    shift = len(ordered[0])
+    order = [i for rows in ordered for i in rows]
+    partner = {row: order[(k + shift) % len(order)] for k, row in enumerate(order)}
+    kept = [i for i, example in enumerate(examples) if examples[partner[i]].prompt != example.prompt]
+    if len(kept) < len(examples):
+        logger.warning(
+            "one prompt fills %d of the %d rows of this KTO batch: its reference point is estimated on the %d "
+            "rows that can take another prompt's completion",
+            shift,
+            len(examples),
+            len(kept),
+        )
     return [
-        dataclasses.replace(e, answer=p.answer, response_ids=p.response_ids)
-        for e, p in zip(examples, partners, strict=True)
+        dataclasses.replace(
+            examples[i], answer=examples[partner[i]].answer, response_ids=examples[partner[i]].response_ids
+        )
+        for i in kept
     ]

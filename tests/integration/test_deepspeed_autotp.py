@@ -1,4 +1,8 @@
-"""deepspeed_train with DeepSpeed AutoTP (tensor_parallel.autotp_size=2) on 2 CPU ranks over gloo: tp=2, dp=1."""
+"""deepspeed_train with DeepSpeed AutoTP (tensor_parallel.autotp_size=2) on 2 CPU ranks over gloo: tp=2, dp=1.
+
+The tiny qwen2 has separate q/k/v projections; a tiny Falcon adds a fused query_key_value projection with a bias,
+which AutoTP cuts as a fused-QKV layer by default or as a sub-parameter layer under a `partition_config`.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, FalconConfig, FalconForCausalLM
 
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.models.tiny import build_char_tokenizer
 from tests.integration import test_deepspeed_strategy as deepspeed_roles
 from tests.integration.test_deepspeed_strategy import resume_losses, start_role, train_losses, zero_block
 from tests.strategy_workers import next_token_log_probs
@@ -91,3 +96,105 @@ def test_tp2_checkpoint_resumes_with_the_same_losses(
     assert resumed == pytest.approx(uninterrupted, rel=1e-6)
     model_states = sorted(p.name for p in (tmp_path / "step2" / "state").glob("mp_rank_*"))
     assert model_states == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # one per tensor-parallel rank
+
+
+# Falcon's fused projection holds each head's q, k and v rows together, so two sub-parameters of two heads each,
+# cut in half, still give each rank whole heads; the attention output is cut the same way along its input.
+SUB_PARAMETER_LAYERS = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {
+            "patterns": [r".*\.query_key_value\.weight$"],
+            "partition_type": "column",
+            "shape": [2, -1],
+            "partition_dim": 0,
+        },
+        {
+            "patterns": [r".*\.self_attention\.dense\.weight$"],
+            "partition_type": "row",
+            "shape": [-1, 2],
+            "partition_dim": 1,
+        },
+        {"patterns": [r".*\.dense_h_to_4h\.weight$"], "partition_type": "column"},
+        {"patterns": [r".*\.dense_4h_to_h\.weight$"], "partition_type": "row"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def fused_qkv_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random Falcon with biases (fused query_key_value, 4 heads of 16) and the char tokenizer."""
+    path = tmp_path_factory.mktemp("falcon")
+    tokenizer = build_char_tokenizer()
+    config = FalconConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        bias=True,
+        new_decoder_architecture=False,
+        multi_query=False,
+        parallel_attn=True,
+        alibi=False,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        FalconForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def train_export_and_sync(cluster: Cluster, batch: DataProto, export_dir: Path) -> list[dict[str, torch.Tensor]]:
+    """One train call (4 optimizer steps), an HF export to `export_dir`, then what each rank's weight sync sends."""
+    try:
+        train_losses(cluster, batch, 1)
+        cluster.export_hf(str(export_dir))
+        return cluster.hf_weights()
+    finally:
+        cluster.shutdown()
+
+
+def state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+
+
+@pytest.fixture(scope="module")
+def fused_qkv_unsharded(
+    resource_manager: ResourceManager, fused_qkv_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, torch.Tensor]:
+    """The Falcon's weights after the same steps on one rank without tensor parallelism."""
+    export_dir = tmp_path_factory.mktemp("falcon_tp1") / "hf"
+    train_export_and_sync(start_role(resource_manager, fused_qkv_path, zero_block(1), devices="0"), batch, export_dir)
+    return state_dict(export_dir)
+
+
+@pytest.mark.parametrize(("layers", "stage"), [("fused-qkv", 1), ("sub-parameter", 3)])
+def test_tp2_exports_and_syncs_the_full_weights_of_fused_qkv_layers_with_a_bias(
+    resource_manager: ResourceManager,
+    fused_qkv_path: str,
+    batch: DataProto,
+    fused_qkv_unsharded: dict[str, torch.Tensor],
+    tmp_path: Path,
+    layers: str,
+    stage: int,
+) -> None:
+    block = autotp_block(stage)
+    if layers == "sub-parameter":
+        block["tensor_parallel"]["partition_config"] = copy.deepcopy(SUB_PARAMETER_LAYERS)
+    synced = train_export_and_sync(start_role(resource_manager, fused_qkv_path, block), batch, tmp_path / "hf")
+    exported, initial = state_dict(tmp_path / "hf"), state_dict(fused_qkv_path)
+    bias = "transformer.h.0.self_attention.query_key_value.bias"
+    assert not torch.allclose(fused_qkv_unsharded[bias], initial[bias], atol=1e-4)  # the steps moved it
+    assert exported.keys() == fused_qkv_unsharded.keys()
+    for name, tensor in fused_qkv_unsharded.items():
+        # Adam's steps can widen a rounding difference to ~1e-5; a row out of place would be off by ~1e-2.
+        assert torch.allclose(exported[name], tensor, atol=1e-4), name  # the unsharded run's weights
+    assert len(synced) == 2
+    for weights in synced:  # every rank sends the full tensors
+        assert {name: t.shape for name, t in weights.items()} == {name: t.shape for name, t in exported.items()}
+        assert all(torch.allclose(tensor, exported[name], atol=1e-6) for name, tensor in weights.items())

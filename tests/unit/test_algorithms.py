@@ -190,6 +190,25 @@ def test_adaptive_kl_needs_a_positive_start_coefficient() -> None:
         AlgorithmArguments(adaptive_kl_target=6.0, kl_penalty_coef=0.0)
 
 
+def test_k1_as_a_kl_loss_has_zero_expected_gradient_and_is_refused() -> None:
+    # The exact expectation over a 3-token policy p of each estimator's gradient (the samples are not differentiated).
+    logits = torch.tensor([0.3, -1.0, 2.0], requires_grad=True)
+    ref_log_probs = torch.log_softmax(torch.tensor([1.0, 0.0, -0.5]), -1)
+
+    def expected_gradient(kind: str) -> torch.Tensor:
+        log_probs = torch.log_softmax(logits, -1)
+        loss = (log_probs.exp().detach() * kl_estimate(log_probs, ref_log_probs, kind)).sum()
+        return torch.autograd.grad(loss, logits)[0]
+
+    assert torch.allclose(expected_gradient("k1"), torch.zeros(3), atol=1e-7)
+    assert expected_gradient("k2").abs().max() > 0.1 and expected_gradient("k3").abs().max() > 0.1
+    message = r"^algorithm\.kl_loss_kind=k1 with algorithm\.use_kl_loss=true: .*zero expected gradient.*use k3 .* or k2"
+    with pytest.raises(ConfigError, match=message):
+        AlgorithmArguments(use_kl_loss=True, kl_loss_coef=0.04, kl_loss_kind="k1")
+    AlgorithmArguments(use_kl_loss=True, kl_loss_coef=0.04, kl_loss_kind="k2")
+    AlgorithmArguments(kl_penalty_coef=0.04, kl_penalty_kind="k1")  # the reward penalty's usual estimator
+
+
 def test_kl_clamped_log_ratio_and_k3() -> None:
     # The log-ratio d is clamped to [-20, 20], then k3 to [-10, 10]:
     #   d = -30 -> -20 -> exp(20) - 21 ~ 4.85e8 -> 10;  d = 30 -> 20 -> exp(-20) + 19 ~ 19 -> 10;

@@ -317,6 +317,10 @@ def test_the_issue_examples_name_field_value_and_range() -> None:
             ["algorithm.dynamic_sampling_max_rounds=3"],
             r"dynamic_sampling_max_rounds=3 refills .*dynamic_sampling is false",
         ),
+        (
+            ["algorithm.use_kl_loss=true", "algorithm.kl_loss_kind=k1"],
+            r"algorithm.kl_loss_kind=k1 with algorithm.use_kl_loss=true: as a loss, .* zero expected gradient",
+        ),
         (["resume_from_checkpoint=latest"], r"resume_from_checkpoint='latest': no complete checkpoint in /"),
         (["resume_from_checkpoint=step_3"], r"resume_from_checkpoint='step_3': no complete checkpoint at /.*step_3;"),
     ],

@@ -89,6 +89,35 @@ def test_mismatched_rows_pair_each_prompt_with_another_prompts_completion() -> N
     assert mismatched[0].response_ids == pairs[2].response_ids and mismatched[0].prompt_ids == pairs[0].prompt_ids
 
 
+def test_two_rows_swap_completions_and_one_prompt_alone_is_refused() -> None:
+    two = [example("1+1=", "2"), example("2+2=", "4")]
+    assert [(e.prompt, e.answer) for e in mismatched_examples(two)] == [("1+1=", "4"), ("2+2=", "2")]
+    # A pair read unpaired (one prompt, two completions) and a single row: no other prompt to take a completion from.
+    for rows in ([example("1+1=", "2"), example("1+1=", "3")], [example("1+1=", "2")]):
+        with pytest.raises(ValueError, match=rf"the {len(rows)} row\(s\) of this batch share one prompt"):
+            mismatched_examples(rows)
+
+
+def own_prompt_rows(rows: list[Example], mismatched: list[Example]) -> int:
+    """Mismatched rows holding a completion of their own prompt (completions told apart by their text)."""
+    prompt_of = {row.answer: row.prompt for row in rows}
+    return sum(prompt_of[row.answer] == row.prompt for row in mismatched)
+
+
+def test_duplicate_prompts_never_take_a_completion_of_their_own_prompt(caplog: pytest.LogCaptureFixture) -> None:
+    # No shift of this order pairs every row with another prompt: each leaves a "b" or an "a" row on its own prompt.
+    rows = [example(p, a) for p, a in [("a=", "1"), ("a=", "2"), ("b=", "3"), ("c=", "4"), ("b=", "5")]]
+    mismatched = mismatched_examples(rows)
+    assert [e.prompt for e in mismatched] == [e.prompt for e in rows] and own_prompt_rows(rows, mismatched) == 0
+    assert sorted(e.answer for e in mismatched) == ["1", "2", "3", "4", "5"]  # every completion used once
+    # One prompt in 3 of 4 rows: only 2 rows can take another prompt's completion; the others are left out.
+    dominated = [example(p, a) for p, a in [("a=", "1"), ("b=", "2"), ("a=", "3"), ("a=", "4")]]
+    with caplog.at_level("WARNING"):
+        mismatched = mismatched_examples(dominated)
+    assert [(e.prompt, e.answer) for e in mismatched] == [("a=", "2"), ("b=", "4")]
+    assert "one prompt fills 3 of the 4 rows" in caplog.text
+
+
 def test_built_in_unpaired_set_labels_each_problem_once_correct_or_near_miss() -> None:
     tokenizer = load_tokenizer("tiny://qwen2")
     train, held_out = load_unpaired_splits(PreferenceDataArguments(apply_chat_template=False), tokenizer, 6)
@@ -149,6 +178,14 @@ def test_held_out_rows_of_one_label_are_refused() -> None:
             "data.format=unpaired has no pairs for loss.loss_type=sigmoid; set loss.loss_type=kto",
         ),
         (["loss.loss_type=kto", "loss.label_smoothing=0.1"], "loss.label_smoothing=0.1 applies to loss.loss_type=sigm"),
+        (
+            ["loss.loss_type=kto", "batch_size=1"],
+            "batch_size=1 with loss.loss_type=kto: .* one pair has a single prompt",
+        ),
+        (
+            ["loss.loss_type=kto", "data.format=unpaired", "batch_size=1"],
+            "batch_size=1 with loss.loss_type=kto: .* one labelled completion has a single prompt; set batch_size to 2",
+        ),
         (["loss.loss_type=kto", "data.format=unpaired", "data.chosen_key=good"], "data.chosen_key='good' applies to"),
         (["data.label_key=ok"], "data.label_key='ok' applies to data.format=unpaired only, not pairs"),
         (["data.format=steps"], "data.format=steps trains a process reward model"),

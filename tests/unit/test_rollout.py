@@ -91,10 +91,10 @@ class _OneStepStrategy:
         return {key: float(value) for key, value in metrics.items()}
 
 
-@pytest.mark.parametrize("kind", ["k1", "k3"])
+@pytest.mark.parametrize("kind", ["k2", "k3"])
 def test_actor_kl_loss_uses_kl_loss_kind(kind: str) -> None:
     # Uniform logits over 2 tokens: every log-prob is ln(1/2). ref = ln(1/2) - 1, so d = 1 on each token:
-    # k1 = 1, k3 = exp(-1). The penalty kind is set to the other one and must not matter.
+    # k2 = 1/2, k3 = exp(-1). The penalty kind is set to k1 and must not matter.
     half = math.log(0.5)
     batch = DataProto.from_dict(
         tensors={
@@ -106,12 +106,10 @@ def test_actor_kl_loss_uses_kl_loss_kind(kind: str) -> None:
             "advantages": torch.zeros(1, 2),
         }
     )
-    algorithm = AlgorithmArguments(
-        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_kind=kind, kl_penalty_kind="k3" if kind == "k1" else "k1"
-    )
+    algorithm = AlgorithmArguments(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_kind=kind, kl_penalty_kind="k1")
     worker = SimpleNamespace(strategy=_OneStepStrategy(), compute_seconds=0.0)
     metrics = ActorWorker.train_step(worker, batch, algorithm)
-    assert metrics["kl_loss"] == pytest.approx(1.0 if kind == "k1" else math.exp(-1.0))
+    assert metrics["kl_loss"] == pytest.approx(0.5 if kind == "k2" else math.exp(-1.0))
 
 
 # --- dynamic sampling -------------------------------------------------------------------------------------

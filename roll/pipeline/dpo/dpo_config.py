@@ -78,6 +78,13 @@ class DPOConfig(PreferenceRunConfig):
                 f"data.format=unpaired has no pairs for loss.loss_type={loss.loss_type}; set loss.loss_type=kto "
                 "(or give pairs with data.format=pairs)"
             )
+        if loss.loss_type == "kto" and self.batch_size < 2:
+            raise ConfigError(
+                f"batch_size={self.batch_size} with loss.loss_type=kto: KTO's reference point scores the prompts of "
+                "a step with completions of other prompts, and a step of one "
+                f"{'pair' if data_format == 'pairs' else 'labelled completion'} has a single prompt; set batch_size "
+                "to 2 or more"
+            )
         self.check_example_training("actor_train", train)
         rows = self.rows_per_example() * self.batch_size
         self.check_divisible(f"batch_size x {self.rows_per_example()} (rows)", rows, self.reference)
