@@ -230,3 +230,28 @@ def test_gem_guess_the_number_through_the_adapter() -> None:
 def test_gem_unknown_id_is_a_value_error_with_the_closest_ids() -> None:
     with pytest.raises(ValueError, match="'gem:game:GuessTheNumber-v0-eazy' is not a GEM environment id; did you mean"):
         env_factory("gem:game:GuessTheNumber-v0-eazy")
+
+
+def test_bisection_sft_rows_tokenise_as_the_rollout_history() -> None:
+    """Each row's prompt is, id for id, what the multi-turn rollout holds before that turn: the first observation,
+    then per turn the sampled guess with its EOS and the next observation, each encoded on its own."""
+    from roll.envs.builtin.guess_number import bisection_rows
+    from roll.models.tiny import build_char_tokenizer
+    from roll.pipeline.rlvr.observations import ObservationEncoder
+
+    tokenizer = build_char_tokenizer()
+    encoder = ObservationEncoder(tokenizer, chat_template=False)
+    rows = bisection_rows(16, tokenizer.eos_token)
+    # One row per turn of each of the 16 games (5 turns at most); one distinct prompt per node of the bisection tree.
+    assert len(rows) == 54 and len({row["prompt"]: row["answer"] for row in rows}) == 16
+    assert len({(row["prompt"], row["answer"]) for row in rows}) == 16
+    # Secret 11: 8 higher, 12 lower, 10 higher, 11 correct.
+    game = [row for row in rows if row["prompt"].startswith("guess 1-16\n8<eos>higher\n12<eos>lower\n10<eos>higher")]
+    assert [row["answer"] for row in game] == ["11"]
+    for row in rows:
+        history = encoder.first("guess 1-16")
+        for turn in row["prompt"].splitlines()[1:]:
+            guess, observation = turn.split(tokenizer.eos_token)
+            history += tokenizer(guess, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            history += encoder.next(observation)
+        assert tokenizer(row["prompt"], add_special_tokens=False)["input_ids"] == history

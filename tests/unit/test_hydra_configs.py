@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.datasets.gsm8k_format import write_gsm8k_format
+from roll.envs.builtin.guess_number import bisection_rows
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.distill.distill_config import DistillConfig
@@ -45,6 +47,7 @@ PIPELINE_SCHEMAS = {
     "distill_arithmetic": DistillConfig,
     "distill_onpolicy_arithmetic": RLVRConfig,
     "agentic_guess_number": RLVRConfig,
+    "sft_guess_number": SFTConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -104,10 +107,15 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     """
     if name == "distill_onpolicy_arithmetic":  # its student and teacher are exports of earlier runs
         return ["devices_per_node=2", "pretrain=tiny://qwen2", "teacher.model_args.model_name_or_path=tiny://qwen2"]
+    if name == "sft_guess_number":  # its transcripts come from scripts/make_guess_number_sft_data.py
+        rows = "".join(json.dumps(row) + "\n" for row in bisection_rows(16, "<eos>") * 4)
+        (tmp_path / "train.jsonl").write_text(rows)
+        data = tmp_path / "train.jsonl"
+        return ["devices_per_node=2", f"data.train_file={data}", f"data.eval_file={data}"]
     if "gsm8k" not in name and "gpu" not in name:
-        # Their YAML starts from the SFT export (rm_prm: the RM export), or (distill) takes the RLVR export as the
+        # Their YAML starts from an SFT export (rm_prm: the RM export), or (distill) takes the RLVR export as the
         # teacher.
-        from_export = name.startswith(("rlvr", "dpo", "distill", "rm_prm"))
+        from_export = name.startswith(("rlvr", "dpo", "distill", "rm_prm", "agentic"))
         return ["devices_per_node=2", "pretrain=tiny://qwen2"] if from_export else ["devices_per_node=2"]
     paths = write_gsm8k_format(tmp_path, 19, "+-", 0)
     files = [f"data.train_file={paths['train.parquet']}", f"data.eval_file={paths['test.parquet']}"]

@@ -45,3 +45,24 @@ class GuessNumberEnv:
         truncated = self.turns >= self.max_turns
         info = {INVALID_ACTION: int(invalid), **({SUCCESS: 0.0} if truncated else {})}
         return observation, 0.0, False, truncated, info
+
+
+def bisection_rows(n: int, eos: str) -> list[dict[str, str]]:
+    """SFT rows of bisection games against every secret in 1..n: one per turn, `prompt` the episode so far as
+    the multi-turn rollout tokenises it without a chat template (`guess 1-n` and a newline, then per earlier
+    turn the guess, `eos` as text, the answer and a newline) and `answer` the next guess."""
+    rows = []
+    env = GuessNumberEnv(n=n)
+    for secret in range(1, n + 1):
+        observation, _ = env.reset()
+        env.secret = secret
+        prompt, low, high = observation + "\n", 1, n
+        while True:
+            guess = (low + high) // 2
+            rows.append({"prompt": prompt, "answer": str(guess)})
+            observation, _, terminated, truncated, _ = env.step(str(guess))
+            if terminated or truncated:
+                break
+            low, high = (guess + 1, high) if observation == "higher" else (low, guess - 1)
+            prompt += f"{guess}{eos}{observation}\n"
+    return rows
