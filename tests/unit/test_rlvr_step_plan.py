@@ -99,6 +99,7 @@ def test_overlong_penalty_is_added_to_the_scores() -> None:
     algorithm = AlgorithmArguments(overlong_buffer_len=2, overlong_penalty_factor=1.0)
     assert add_overlong_penalty(batch, 4, algorithm) == pytest.approx(-0.375)
     assert batch.batch["scores"].tolist() == [1.0, 0.0, 0.5, 0.0]
+    assert batch.batch["verifier_scores"].tolist() == [1.0, 0.0, 1.0, 1.0]
 
 
 def test_overlong_filter_masks_only_the_responses_the_engine_cut() -> None:

@@ -205,13 +205,12 @@ class RLVRPipeline(BasePipeline):
         return batch
 
     def _scored(self, batch: DataProto, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
-        """`batch` with its rows' `scores` (plus the overlong penalty, if configured; `verifier_scores` keeps
-        them without it), `reward_failed` and `response_text` from the reward clusters."""
+        """`batch` with its rows' `scores` (plus the overlong penalty, if configured), `reward_failed` and
+        `response_text` from the reward clusters."""
         with self.residency.timed(phases.REWARDS, timings):
             rewards = self._rewards(batch)
             batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
             batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
-        batch.batch["verifier_scores"] = batch.batch["scores"].float().clone()
         algorithm = self.config.algorithm
         if algorithm.overlong_buffer_len is not None:
             max_new_tokens = self.config.actor_infer.generating_args.max_new_tokens

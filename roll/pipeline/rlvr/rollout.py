@@ -115,8 +115,7 @@ def keep_informative_groups(
     both `row_multiple` (see `consumer_row_multiple`) and the group size, dropping whole informative groups
     from the end, so every role accepts the batch and no group is split. May return no rows.
     """
-    data = batch.batch
-    keep = reward_shaping.dynamic_sampling_keep(data.get("verifier_scores", data["scores"]), group_index)
+    keep = _informative(batch, group_index)
     kept_groups = torch.unique_consecutive(group_index[keep])
     group_size = int((group_index == group_index[0]).sum())
     unit_groups = math.lcm(row_multiple, group_size) // group_size
@@ -132,8 +131,13 @@ def keep_informative_groups(
 
 def informative_rows(batch: DataProto, group_index: torch.Tensor) -> int:
     """How many rows of `batch` belong to groups whose samples did not all score the same."""
+    return int(_informative(batch, group_index).sum())
+
+
+def _informative(batch: DataProto, group_index: torch.Tensor) -> torch.Tensor:
+    """Bool `[B]`: the rows whose group's `verifier_scores` (else `scores`) are not all equal."""
     data = batch.batch
-    return int(reward_shaping.dynamic_sampling_keep(data.get("verifier_scores", data["scores"]), group_index).sum())
+    return reward_shaping.dynamic_sampling_keep(data.get("verifier_scores", data["scores"]), group_index)
 
 
 def widen_prompts(batch: DataProto, width: int, pad_id: int) -> DataProto:
@@ -151,7 +155,8 @@ def widen_prompts(batch: DataProto, width: int, pad_id: int) -> DataProto:
 
 def add_overlong_penalty(batch: DataProto, max_new_tokens: int, algorithm: AlgorithmArguments) -> float:
     """Add DAPO's soft overlong penalty (`reward_shaping.overlong_penalty`) to `batch`'s scores in place; return
-    its mean over the rows."""
+    its mean over the rows. `verifier_scores` keeps the scores without it (dynamic sampling judges on those)."""
+    batch.batch["verifier_scores"] = batch.batch["scores"].float().clone()
     penalty = reward_shaping.overlong_penalty(
         batch.batch["response_mask"].sum(-1),
         max_new_tokens,
