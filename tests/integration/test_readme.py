@@ -68,6 +68,8 @@ def _run(command: str, copy: Path, env: dict[str, str]) -> tuple[str, str | None
     return timing, f"$ {command}\nexit {result.returncode}\n{(result.stdout + result.stderr)[-2500:]}"
 
 
+# Every README command in turn: about 10 min on an idle machine, more beside the suite's other lane.
+@pytest.mark.timeout(1800)
 def test_every_readme_command_runs_as_written(fresh_copy: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VIRTUAL_ENV")}
     runs = list(dict.fromkeys(v for v in map(VERDICTS.get, read_readme(REPO_ROOT)) if isinstance(v, Run)))
