@@ -1,6 +1,5 @@
 """RL role workers for failure tests; Ray workers import them by module path.
 
-`ROLL_TEST_PID_DIR` (a role's env_vars) makes each rank write its pid to `<dir>/<role>-<rank>.pid`;
 `ROLL_TEST_SLOW_SAVE_TAG` holds the rename that completes that checkpoint for 60 s, so a test can
 kill the worker while the checkpoint is half written.
 """
@@ -12,19 +11,12 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.pipeline.base.rl_workers import ActorWorker
 
 
 class FailureTestActorWorker(ActorWorker):
-    """roll's ActorWorker that reports its pid and can be made slow to finish one checkpoint."""
-
-    def __init__(self, worker_config: WorkerConfig) -> None:
-        super().__init__(worker_config)
-        pid_dir = os.environ.get("ROLL_TEST_PID_DIR")
-        if pid_dir:
-            (Path(pid_dir) / f"{worker_config.name}-{self.rank}.pid").write_text(str(os.getpid()))
+    """roll's ActorWorker that can be made slow to finish one checkpoint."""
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, save_dir: str, tag: str) -> str:

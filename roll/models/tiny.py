@@ -83,6 +83,9 @@ class TinyModelSpec:
     intermediate_size: int = 256
     max_position_embeddings: int = 512
     tie_word_embeddings: bool = False
+    # Rows of the embedding (and LM head); 0 means one per token. Larger pads the vocabulary beyond the
+    # tokenizer, as real checkpoints do (Qwen2.5-0.5B: 151,936 rows for 151,665 tokens), for full-size shapes.
+    vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in _ARCHITECTURES:
@@ -124,8 +127,10 @@ def make_tiny_model(
 
 
 def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+    if spec.vocab_size and spec.vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size={spec.vocab_size} is below the tokenizer's {len(tokenizer)} tokens (0: as many)")
     return {
-        "vocab_size": len(tokenizer),
+        "vocab_size": spec.vocab_size or len(tokenizer),
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_layers,

@@ -153,6 +153,10 @@ def test_same_losses_at_every_zero_stage_in_fp32(
         assert losses == pytest.approx(fp32_losses, rel=1e-5), f"stage {stage}: {losses} vs {fp32_losses}"
     checkpointed = run_stage(resource_manager, model_path, batch, 2, "fp32", gradient_checkpointing=True)
     assert checkpointed == pytest.approx(fp32_losses, rel=1e-5)
+    # One rank with twice the accumulation sees the same 8 rows a step; alone, it skips DeepSpeed's stage-0
+    # gradient all-reduce (a flattened copy of every gradient) and loses nothing.
+    alone = run_stage(resource_manager, model_path, batch, 0, "fp32", devices="0", accumulation=4)
+    assert alone == pytest.approx(fp32_losses, rel=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

@@ -54,9 +54,8 @@ def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, t
     first = rows[1]
     assert first["student/kl"] > 0
     assert first["student/loss"] == pytest.approx(first["student/kl"] + 0.1 * first["student/nll"], rel=1e-4)
-    # The teacher shares the student's device: it leaves when the student updates (hf_infer moves nothing on CPU,
-    # the student's DeepSpeed states do when the teacher comes back).
-    assert rows[2]["phase/teacher_top_k/bytes_moved"] > 0
+    # The teacher shares the student's device, but on CPU offloading to host memory frees nothing: nothing moves.
+    assert rows[2]["phase/teacher_top_k/bytes_moved"] == 0
     assert rows[2]["student/loss"] != first["student/loss"]
     assert 0 <= rows[2]["val/accuracy"] <= 1 and 0 <= rows[0]["val/teacher_accuracy"] <= 1
     assert summary == {

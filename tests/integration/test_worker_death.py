@@ -32,7 +32,7 @@ def start_run(output_dir: Path, pid_dir: Path, *overrides: str) -> subprocess.Po
         # actor_train keeps its two ranks (rank 1 is killed); the other roles need one each.
         "actor_infer.device_mapping=0",
         "reference.device_mapping=0",
-        f"+actor_train.env_vars.ROLL_TEST_PID_DIR={pid_dir}",
+        f"+actor_train.env_vars.ROLL_PID_DIR={pid_dir}",
         *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

@@ -84,11 +84,14 @@ def test_tiny_shape_reads_what_resolve_model_path_builds(tmp_path: Path) -> None
     for reference in (
         "tiny://qwen2?hidden_size=64&num_layers=1&num_heads=2&num_kv_heads=1&intermediate_size=96&seed=3",
         "tiny://llama?tie_word_embeddings=true&max_position_embeddings=2048",
+        "tiny://qwen2?hidden_size=64&num_layers=1&num_heads=2&num_kv_heads=1&vocab_size=1000",
         "tiny://",
     ):
         built = model_shape(resolve_model_path(reference, cache_dir=str(tmp_path)))
         assert tiny_shape(reference) == model_shape(reference) == built
-    for bad in ("tiny://qwen2?hiden_size=64", "tiny://gpt2"):
+    assert model_shape("tiny://qwen2?vocab_size=1000").vocab_size == 1000
+    assert model_shape("tiny://qwen2?vocab_size=1000").stored_dtype == "fp32"
+    for bad in ("tiny://qwen2?hiden_size=64", "tiny://gpt2", "tiny://qwen2?vocab_size=5"):
         with pytest.raises(ValueError):
             resolve_model_path(bad, cache_dir=str(tmp_path))
         with pytest.raises(ValueError):

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import warnings
+from pathlib import Path
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
@@ -19,7 +20,9 @@ class Worker:
     The Cluster starts each worker with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and
     ROLL_NUM_THREADS in its environment, so `torch.distributed` (or DeepSpeed) can initialise
     from the environment. A strategy that shards over tensor or pipeline ranks sets `rank_info`
-    during initialisation.
+    during initialisation. With `ROLL_PID_DIR` set (in the driver's environment or a role's
+    `env_vars`), each worker writes its pid to `<dir>/<role>-<rank>.pid`, for tools outside the run
+    (tests that kill a worker, benchmarks/scale_memory.py).
     """
 
     def __init__(self, worker_config: WorkerConfig) -> None:
@@ -32,6 +35,9 @@ class Worker:
         self.platform = current_platform()
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
         self.compute_seconds = 0.0  # time spent inside @register-ed methods
+        pid_dir = os.environ.get("ROLL_PID_DIR")
+        if pid_dir:
+            (Path(pid_dir) / f"{worker_config.name}-{self.rank}.pid").write_text(str(os.getpid()))
         torch.set_num_threads(int(os.environ.get("ROLL_NUM_THREADS", "1")))
         # DeepSpeed calls collectives torch has renamed, once per bucket: keep worker logs readable.
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")

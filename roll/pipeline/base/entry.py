@@ -15,6 +15,7 @@ from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError, exit_on_config_error
 from roll.distributed.executor.cluster import WorkerDiedError
 from roll.distributed.scheduler.placement import PlacementError
+from roll.pipeline.base.dry_run.node_estimate import check_node_memory
 from roll.pipeline.base.dry_run.plan import cluster_nodes, dry_run_report
 from roll.pipeline.base.pipeline_config import PipelineConfig
 
@@ -41,6 +42,7 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         if config.dry_run:
             print("\n".join(dry_run_report(config, cluster_nodes(config))), flush=True)
             return None
+        check_node_memory(config)
         finished = pipeline_cls.finished_result(config)
         if finished is not None:
             return finished

@@ -86,6 +86,9 @@ class PipelineConfig:
     )
     # Validate, print the plan (placement, batches, memory per rank) and exit without starting any actor.
     dry_run: bool = False
+    # On CPU, refuse before Ray starts a run whose estimated node memory (the dry run's "memory per node")
+    # exceeds what Ray's memory monitor allows; false runs it anyway (the estimate is docs/memory_estimate.md's).
+    memory_check: bool = True
     # Experiment trackers: TensorBoard events and metrics.jsonl are always written; wandb, swanlab and mlflow
     # (one name or a list) also get the metrics, the config and sample tables.
     tracker: str | list[str] = field(default="tensorboard", metadata=check(parse=_tracker_names, bad="tensorbord"))

@@ -16,6 +16,7 @@ from typing import Any
 from roll.configs.model_dir import ModelFacts
 
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+_STORED_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ModelShape:
     mlp_bias: bool = False
     qk_norm: bool = False
     max_positions: int | None = None
+    stored_dtype: str | None = None  # the checkpoint's dtype in roll's names (fp32, bf16, fp16), when it says
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -65,6 +67,7 @@ class ModelShape:
             mlp_bias=bool(merged.get("mlp_bias", False)),
             qk_norm=model_type.startswith("qwen3"),
             max_positions=merged.get("max_position_embeddings"),
+            stored_dtype=_STORED_DTYPES.get(str(merged.get("dtype") or merged.get("torch_dtype"))),
             **shape,
         )
 
@@ -143,7 +146,8 @@ def tiny_shape(reference: str) -> ModelShape:
         elif key != "seed":
             raise ValueError(f"{reference!r}: unknown tiny-model option {key!r}")
     spec = TinyModelSpec(**fields)
-    return ModelShape.from_config({"model_type": spec.arch, **_config_kwargs(spec, build_char_tokenizer())})
+    config = {"model_type": spec.arch, "dtype": "float32", **_config_kwargs(spec, build_char_tokenizer())}
+    return ModelShape.from_config(config)
 
 
 def lora_params(shape: ModelShape, rank: int, target_modules: list[str], kind: str = "causal_lm") -> int:

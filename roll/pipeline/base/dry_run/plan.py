@@ -14,11 +14,9 @@ from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.placement import NodeResources, PlacementPlan, plan_placement
+from roll.pipeline.base.dry_run.node_estimate import MODEL_KINDS, estimate_nodes
 from roll.pipeline.base.dry_run.rank_estimate import RankEstimate, estimate_rank
 from roll.pipeline.base.pipeline_config import PipelineConfig
-
-# What each role's worker loads, for the parameter count of its model.
-_MODEL_KINDS = {"critic": "value"}
 
 
 def cluster_nodes(config: PipelineConfig) -> list[NodeResources] | None:
@@ -61,6 +59,15 @@ def dry_run_report(config: PipelineConfig, nodes: list[NodeResources] | None = N
             over.append(name)
     if over:
         lines.append(f"warning: the estimate of {', '.join(over)} exceeds its memory; see the breakdown above")
+    if config.platform == "cpu":
+        lines.append("== memory per node (every process of the run in the host's memory, at the step's peak)")
+        for node in estimate_nodes(config, plan):
+            lines += node.lines()
+            if node.over:
+                lines.append(
+                    f"error: node {node.node} will not fit; the run would be refused before Ray starts "
+                    "(memory_check=false runs it anyway)"
+                )
     return lines
 
 
@@ -82,7 +89,7 @@ def _estimate(config: PipelineConfig, plan: PlacementPlan, name: str, role: Work
         prompt_length=prompt_length,
         response_length=response_length,
         prompts=prompts,
-        kind=_MODEL_KINDS.get(name, "causal_lm"),
+        kind=MODEL_KINDS.get(name, "causal_lm"),
         platform=config.platform,
         ranks_on_node=ranks_on_node,
     )
