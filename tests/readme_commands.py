@@ -178,8 +178,19 @@ VERDICTS: dict[str, Run | Skip] = {
             "generation_throughput",
             "weight_sync",
             "rlvr_step_breakdown",
+            "scale_memory",
         )
     },
+    # tests/integration/test_cpu_scale_recipe.py runs its YAML (at a narrower shape); the dry run checks the full one.
+    "roll-rlvr --config-name rlvr_qwen2.5_0.5b_cpu dry_run=true": Run(
+        "roll-rlvr --config-name rlvr_qwen2.5_0.5b_cpu dry_run=true", standalone=True
+    ),
+    "roll-rlvr --config-name rlvr_qwen2.5_0.5b_cpu": Run(
+        "roll-rlvr --config-name rlvr_qwen2.5_0.5b_cpu dry_run=true", standalone=True
+    ),
+    "roll-rlvr --config-name rlvr_qwen2.5_0.5b_cpu pretrain=/models/Qwen2.5-0.5B-Instruct": Skip(
+        "needs the real Qwen2.5-0.5B-Instruct checkpoint, which no model hub serves to this machine"
+    ),
     "python benchmarks/compare_trl.py --model small|medium": Run(
         "python benchmarks/compare_trl.py --help", standalone=True
     ),

@@ -39,6 +39,7 @@ PIPELINE_SCHEMAS = {
     "sft_arithmetic": SFTConfig,
     "rlvr_arithmetic": RLVRConfig,
     "rlvr_qwen2.5_0.5b_8gpu": RLVRConfig,
+    "rlvr_qwen2.5_0.5b_cpu": RLVRConfig,
     "sft_gsm8k_format": SFTConfig,
     "rlvr_gsm8k_format": RLVRConfig,
     "dpo_arithmetic": DPOConfig,

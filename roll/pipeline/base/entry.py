@@ -41,6 +41,7 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         config = load_pipeline_config(cfg, schema, yaml_names(_config_dirs()))
         if config.dry_run:
             print("\n".join(dry_run_report(config, cluster_nodes(config))), flush=True)
+            check_node_memory(config)  # a plan that will not fit ends as the run would: a config error
             return None
         check_node_memory(config)
         finished = pipeline_cls.finished_result(config)

@@ -17,6 +17,7 @@ the used memory that Ray's memory monitor compares with its threshold.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from roll.pipeline.base.dry_run.model_states import GiB
 from roll.pipeline.base.dry_run.rank_estimate import STRATEGY_KINDS, RankEstimate, estimate_rank, host_memory_bytes
 from roll.pipeline.base.pipeline_config import PipelineConfig
 
+logger = logging.getLogger(__name__)
 MiB = 2**20
 # Used memory (what Ray's memory monitor counts: shared libraries' pages are page cache) of each process beside its
 # model, fitted to benchmarks/scale_memory.py's run at 24M parameters, where the model is negligible: a worker with
@@ -229,15 +231,22 @@ def estimate_nodes(
     ]
 
 
-def check_node_memory(config: PipelineConfig, plan: PlacementPlan | None = None) -> list[NodeEstimate]:
-    """The node estimates of a CPU run; ConfigError, naming the largest term, when one exceeds its budget.
-
-    Runs on other platforms are not checked here (their host memory holds only what is offloaded), nor
-    runs with `memory_check=false`.
-    """
+def cpu_node_estimates(config: PipelineConfig, plan: PlacementPlan | None = None) -> list[NodeEstimate]:
+    """`estimate_nodes` for a CPU run; [] on other platforms (their host memory holds only what is offloaded) and
+    for a run whose memory cannot be estimated (logged)."""
     if config.platform != "cpu":
         return []
-    nodes = estimate_nodes(config, plan)
+    try:
+        return estimate_nodes(config, plan)
+    except (ValueError, OSError) as exc:  # a model it cannot count (MoE), a backend it does not know
+        logger.warning("the node memory estimate is skipped: %s", exc)
+        return []
+
+
+def check_node_memory(config: PipelineConfig, plan: PlacementPlan | None = None) -> list[NodeEstimate]:
+    """`cpu_node_estimates`; ConfigError, naming the largest term, when a node exceeds its budget (unless
+    `memory_check=false`)."""
+    nodes = cpu_node_estimates(config, plan)
     over = [node for node in nodes if node.over]
     if over and config.memory_check:
         node = over[0]

@@ -14,7 +14,7 @@ from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.placement import NodeResources, PlacementPlan, plan_placement
-from roll.pipeline.base.dry_run.node_estimate import MODEL_KINDS, estimate_nodes
+from roll.pipeline.base.dry_run.node_estimate import MODEL_KINDS, cpu_node_estimates
 from roll.pipeline.base.dry_run.rank_estimate import RankEstimate, estimate_rank
 from roll.pipeline.base.pipeline_config import PipelineConfig
 
@@ -61,13 +61,11 @@ def dry_run_report(config: PipelineConfig, nodes: list[NodeResources] | None = N
         lines.append(f"warning: the estimate of {', '.join(over)} exceeds its memory; see the breakdown above")
     if config.platform == "cpu":
         lines.append("== memory per node (every process of the run in the host's memory, at the step's peak)")
-        for node in estimate_nodes(config, plan):
+        for node in cpu_node_estimates(config, plan):
             lines += node.lines()
             if node.over:
-                lines.append(
-                    f"error: node {node.node} will not fit; the run would be refused before Ray starts "
-                    "(memory_check=false runs it anyway)"
-                )
+                then = "the run is refused before Ray starts" if config.memory_check else "memory_check=false runs it"
+                lines.append(f"node {node.node} will not fit: {then}")
     return lines
 
 
