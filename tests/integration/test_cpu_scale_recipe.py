@@ -7,6 +7,7 @@ shape's run, its memory and its step time are benchmarks/scale_memory.py's (docs
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def test_the_cpu_recipe_trains_evaluates_and_moves_no_state_copies(tmp_path: Pat
     rows = logged_metrics(tmp_path / "rlvr_qwen2.5_0.5b_cpu")
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert all(0 <= rows[step]["val/accuracy"] <= 1 for step in (0, 2))
-    assert all(abs(row["actor/pg_loss"]) < 1e3 for row in rows[1:])
+    # Updates ran (a random model answers no sum right, so its groups' rewards tie and carry no gradient here).
+    assert all(math.isfinite(row["actor/loss"]) and "actor/grad_norm" in row for row in rows[1:])
     # Every role shares both cores, yet on CPU nothing is copied between phases: host memory is the device.
     assert all(row["phase/actor_update/bytes_moved"] == 0 for row in rows[1:])

@@ -153,9 +153,12 @@ def test_same_losses_at_every_zero_stage_in_fp32(
         assert losses == pytest.approx(fp32_losses, rel=1e-5), f"stage {stage}: {losses} vs {fp32_losses}"
     checkpointed = run_stage(resource_manager, model_path, batch, 2, "fp32", gradient_checkpointing=True)
     assert checkpointed == pytest.approx(fp32_losses, rel=1e-5)
-    # One rank with twice the accumulation sees the same 8 rows a step; alone, it skips DeepSpeed's stage-0
-    # gradient all-reduce (a flattened copy of every gradient) and loses nothing.
-    alone = run_stage(resource_manager, model_path, batch, 0, "fp32", devices="0", accumulation=4)
+    # One rank with twice the accumulation, its rows ordered so that each optimizer step sees the 8 rows the two
+    # ranks' step saw (rank 0 holds rows 0-7, rank 1 rows 8-15; a step takes 4 of each). Alone, it skips DeepSpeed's
+    # stage-0 gradient all-reduce (a flattened copy of every gradient) and loses nothing.
+    order = [*range(0, 4), *range(8, 12), *range(4, 8), *range(12, 16)]
+    same_steps = DataProto.from_dict(tensors={key: value[order] for key, value in batch.batch.items()})
+    alone = run_stage(resource_manager, model_path, same_steps, 0, "fp32", devices="0", accumulation=4)
     assert alone == pytest.approx(fp32_losses, rel=1e-5)
 
 
