@@ -13,6 +13,7 @@ from roll.rewards.functions import (
     RewardFunction,
     answer_tag_format_reward,
     boxed_format_reward,
+    final_answer,
     format_reward_for,
     gsm8k_format_reward,
     math_reward,
@@ -102,3 +103,14 @@ def test_reward_config_lists_functions_and_weights() -> None:
         rlvr("rewards.math.reward_fn=[roll.rewards.functions.math_reward]", "rewards.math.reward_weights=[1,2]")
     with pytest.raises(ConfigError, match=r"rewards.math.reward_fn\[1\]='x' is not a dotted import path"):
         rlvr("rewards.math.reward_fn=[roll.rewards.functions.math_reward,x]")
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [("12", "12"), ("12", "13"), (" 007\n", "7"), ("-3", "-3"), ("+4", "4"), ("-0", "0"), ("12", "#### 12")],
+)
+def test_bare_integers_score_as_math_verify_scores_them(response: str, answer: str) -> None:
+    from math_verify import parse, verify
+
+    expected = 1.0 if verify(parse(final_answer(answer)), parse(final_answer(response))) else 0.0
+    assert math_reward("", response, answer) == expected
