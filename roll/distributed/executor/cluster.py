@@ -173,8 +173,7 @@ class Cluster:
             if rank == 0:
                 # Rank 0 hosts the rendezvous: its node's address (not the driver's) and a free port there
                 # become every rank's master.
-                master_addr, master_port = self.node_address_and_free_port()
-                self.set_master(master_addr, master_port)
+                master_addr, master_port = self.open_rendezvous()
 
     def _bind_registered_methods(self) -> None:
         for name, member in inspect.getmembers(self.worker_cls, inspect.isfunction):

@@ -6,12 +6,20 @@ import logging
 import os
 import socket
 import warnings
+from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.platforms import current_platform
+
+if TYPE_CHECKING:
+    import torch.distributed
+
+# How long ranks wait for each other at the rendezvous (torch's default process-group timeout).
+RENDEZVOUS_TIMEOUT_S = 1800.0
 
 
 class Worker:
@@ -54,10 +62,36 @@ class Worker:
         return ray.util.get_node_ip_address(), port
 
     @register(Dispatch.RANK0)
-    def set_master(self, address: str, port: int) -> None:
-        """Record the rendezvous address; rank 0 learns it only after it has started."""
-        os.environ["MASTER_ADDR"] = address
-        os.environ["MASTER_PORT"] = str(port)
+    def open_rendezvous(self) -> tuple[str, int]:
+        """Host the role's process-group store on a port the OS picks now; return this node's address and the port.
+
+        The store listens from this call on, so no other process can take the port before the group forms (asking
+        for a free port and binding it later left that window open to the node's other runs). MASTER_ADDR and
+        MASTER_PORT are set to it, as every other rank has them.
+        """
+        import ray
+        import torch.distributed as dist
+
+        self._rendezvous = dist.TCPStore(
+            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+        )
+        address, port = ray.util.get_node_ip_address(), self._rendezvous.port
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
+        return address, port
+
+    def rendezvous_store(self) -> torch.distributed.Store:
+        """The store torch's default process group forms over: rank 0's own, a connection to it on the others."""
+        import torch.distributed as dist
+
+        store = getattr(self, "_rendezvous", None)
+        if store is None:
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+            )
+        return store
 
     def close(self) -> None:
         """Release what this worker started (engines, child processes); Cluster.shutdown calls it before the kill."""

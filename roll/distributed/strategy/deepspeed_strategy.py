@@ -74,6 +74,14 @@ class DeepSpeedInferStrategy(InferenceStrategy):
 
         from roll.third_party.deepspeed.offload_states_patch import patch_engine
 
+        if not torch.distributed.is_initialized():
+            # Over the store rank 0 already holds (Worker.open_rendezvous); DeepSpeed then adopts the group.
+            torch.distributed.init_process_group(
+                self.worker.platform.dist_backend,
+                store=self.worker.rendezvous_store(),
+                rank=self.worker.rank,
+                world_size=self.worker.world_size,
+            )
         deepspeed.init_distributed(dist_backend=self.worker.platform.dist_backend, dist_init_required=True)
         self.worker.platform.set_device(self.worker.local_rank)
         self.device = torch.device(self.worker.platform.device_name(self.worker.local_rank))
