@@ -21,6 +21,7 @@ from roll.pipeline.rlvr.multi_turn import MultiTurnRollout
 from roll.pipeline.rlvr.rollout import compute_advantages
 
 RESETS: list[int | None] = []
+BUILT: list[Any] = []  # every TwoTurns made, in order
 
 
 @register_env("test_two_turns")
@@ -28,7 +29,11 @@ class TwoTurns:
     """Observation "go", then "ok" with reward 0.5 after the first action; reward 1 and success on the second."""
 
     def __init__(self, fail: str = "") -> None:
-        self.fail, self.turns = fail, 0
+        self.fail, self.turns, self.closed = fail, 0, False
+        BUILT.append(self)
+
+    def close(self) -> None:
+        self.closed = True
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         RESETS.append(seed)
@@ -107,6 +112,19 @@ def test_masks_rewards_and_ids_of_a_two_turn_episode(tokenizer: Any) -> None:
     row = data["input_ids"][0][data["attention_mask"][0].bool()].tolist()
     assert row == second_seen[0] + xy_eos
     assert first_args.num_return_sequences == 1 and first_args.seed != second_args.seed
+
+
+def test_environments_are_kept_across_batches_and_closed_at_the_end(tokenizer: Any) -> None:
+    rollout = MultiTurnRollout(EnvArguments(name="test_two_turns", max_trajectory_tokens=16), tokenizer, pad_id=0)
+    engine, args = ScriptedEngine(tokenizer), GeneratingArguments(max_new_tokens=4)
+    BUILT.clear()
+    for step in range(3):
+        rollout.run(engine.generate, [1, 2], args, base_seed=step)
+    assert len(BUILT) == 2 and not any(env.closed for env in BUILT)  # built for the first batch, then reset
+    rollout.run(engine.generate, [1, 2, 3], args, base_seed=3)  # another batch size gets its own
+    assert len(BUILT) == 5
+    rollout.close()
+    assert all(env.closed for env in BUILT)
 
 
 def test_last_turn_score(tokenizer: Any) -> None:

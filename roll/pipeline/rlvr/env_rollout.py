@@ -81,3 +81,8 @@ class EnvRollouts:
         greedy = replace(self.generating_args, do_sample=False)
         _, metrics = self.greedy_rollout.run(cluster_generate(cluster), seeds, greedy, base_seed=0)
         return metrics["rollout/success"], metrics
+
+    def close(self) -> None:
+        """Close the environments of both rollouts."""
+        self.rollout.close()
+        self.greedy_rollout.close()

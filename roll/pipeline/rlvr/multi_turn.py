@@ -81,30 +81,42 @@ class MultiTurnRollout:
         self.pad_id = pad_id
         self.with_engine_log_probs = with_engine_log_probs
         self.encoder = ObservationEncoder(tokenizer, env.apply_chat_template)
+        self._managers: dict[int, EnvManager] = {}
+
+    def _manager(self, num_envs: int) -> EnvManager:
+        """The environments of a batch of `num_envs` episodes: built on first use, kept for the next batches
+        (each episode resets its slot; a slot whose environment failed is rebuilt)."""
+        manager = self._managers.get(num_envs)
+        if manager is None:
+            env = self.env
+            factory = lambda: make_env(env.name, env.kwargs, "env.name")  # noqa: E731
+            manager = self._managers[num_envs] = EnvManager(factory, num_envs, env.max_concurrency, env.timeout_s)
+        return manager
+
+    def close(self) -> None:
+        """Close every environment this rollout built."""
+        for manager in self._managers.values():
+            manager.close()
+        self._managers.clear()
 
     def run(
         self, generate: Generate, seeds: Sequence[int], generating_args: GeneratingArguments, base_seed: int
     ) -> tuple[DataProto, dict[str, float]]:
         """Play one episode per seed (repeat a seed for a GRPO group); return the batch and the rollout metrics."""
         env = self.env
-        manager = EnvManager(
-            lambda: make_env(env.name, env.kwargs, "env.name"), len(seeds), env.max_concurrency, env.timeout_s
-        )
-        try:
-            episodes = [Episode(seed) for seed in seeds]
-            for episode, result in zip(episodes, manager.reset(list(seeds)), strict=True):
-                self._start(episode, result)
-            for turn in range(env.max_turns):
-                active = [i for i, episode in enumerate(episodes) if not episode.done]
-                if not active:
-                    break
-                turn_args = replace(generating_args, num_return_sequences=1, seed=base_seed * TURN_SEED_STRIDE + turn)
-                actions = self._act([episodes[i] for i in active], generate, turn_args)
-                results = manager.step(actions, active)
-                for i, result in zip(active, results, strict=True):
-                    self._observe(episodes[i], result, last_turn=turn + 1 == env.max_turns, turn_args=turn_args)
-        finally:
-            manager.close()
+        manager = self._manager(len(seeds))
+        episodes = [Episode(seed) for seed in seeds]
+        for episode, result in zip(episodes, manager.reset(list(seeds)), strict=True):
+            self._start(episode, result)
+        for turn in range(env.max_turns):
+            active = [i for i, episode in enumerate(episodes) if not episode.done]
+            if not active:
+                break
+            turn_args = replace(generating_args, num_return_sequences=1, seed=base_seed * TURN_SEED_STRIDE + turn)
+            actions = self._act([episodes[i] for i in active], generate, turn_args)
+            results = manager.step(actions, active)
+            for i, result in zip(active, results, strict=True):
+                self._observe(episodes[i], result, last_turn=turn + 1 == env.max_turns, turn_args=turn_args)
         return self._batch(episodes), episode_metrics(episodes)
 
     def _start(self, episode: Episode, result: EnvResult) -> None:

@@ -423,6 +423,12 @@ class RLVRPipeline(BasePipeline):
         self.weights_stale = True
         return state
 
+    def shutdown(self, close_timeout_s: float = 60) -> None:
+        """Close the environments (with `env` set), then stop every role."""
+        if self.env_rollouts is not None:
+            self.env_rollouts.close()
+        super().shutdown(close_timeout_s)
+
     def run(self) -> dict[str, float]:
         """Train for `max_steps`, checkpoint, export the policy; print and return held-out accuracy before and after."""
         config = self.config

@@ -12,8 +12,11 @@ it estimates, lowest first:
 - `activations`: activations kept for backward, the logits, the KV cache;
 - `backend_ranks`: what one training, inference or engine (vLLM, SGLang) rank holds, phase by phase;
 - `rank_estimate`: `estimate_rank`, a role's rank against its device or host memory (`RankEstimate`).
+- `node_estimate`: a CPU run's node, every process of it summed at the step's peak, against what Ray's
+  memory monitor allows; `check_node_memory` refuses a run over it before Ray starts (the entry point).
 
 May import: `roll.configs`, `roll.models` (the tiny-model module, lazily), `roll.distributed.scheduler`
-and `roll.distributed.executor` (the plan), and `roll.pipeline.base.pipeline_config` (the plan only:
+and `roll.distributed.executor` (the plan, the node estimate), and `roll.pipeline.base.pipeline_config` (the
+plan and the node estimate only:
 `pipeline_config` imports `model_shape`, so this file imports nothing); never a pipeline family.
 """
