@@ -134,6 +134,8 @@ VERDICTS: dict[str, Run | Skip] = {
     'bash scripts/test.sh -m "not slow"': Run(f'bash scripts/test.sh -m "not slow" {COLLECT}', standalone=True),
     "roll-cluster-check": Run("roll-cluster-check rounds=1", standalone=True),
     "roll-rlvr dry_run=true": Run("roll-rlvr dry_run=true", standalone=True),
+    # The sweep above is a dry run here; tests/integration/test_entry_points.py reports on a real one.
+    "roll-sweep-report output/rlvr": Run("roll-sweep-report output/rlvr --help", standalone=True),
     AUTOTP_DRY_RUN: Run(AUTOTP_DRY_RUN, standalone=True),
     "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
     "roll-sft --config-name sft_gsm8k_format": Run("roll-sft --config-name sft_gsm8k_format max_steps=2 eval_steps=2"),

@@ -75,3 +75,15 @@ def test_each_job_of_a_sweep_keeps_its_own_outputs(tmp_path) -> None:
         assert any("val/accuracy" in row for row in metrics)
         assert (job / "model" / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "nothing may land in the working directory"
+    # The sweep's comparison, from the run's folder (its latest sweep): one row per job, then the seeds' mean
+    # and spread, and a plot per metric.
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    compared = subprocess.run(
+        ["roll-sweep-report", str(sweep.parent)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    table = (sweep / "sweep_report.md").read_text()
+    accuracies = [[row["val/accuracy"] for row in logged_metrics(job) if "val/accuracy" in row] for job in jobs]
+    assert f"| 0 | 1 | {accuracies[0][-1]:.4g} | {max(accuracies[0]):.4g} |" in table
+    assert f"| 1 | 2 | {accuracies[1][-1]:.4g} | {max(accuracies[1]):.4g} |" in table
+    assert "| all | 2 | " in table and (sweep / "sweep_val_accuracy.png").is_file()
