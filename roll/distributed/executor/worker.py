@@ -80,15 +80,17 @@ class Worker:
         return address, port
 
     def rendezvous_store(self) -> torch.distributed.Store:
-        """The store torch's default process group forms over: rank 0's own, a connection to it on the others."""
+        """The store torch's default process group forms over: the one `open_rendezvous` holds, else (a worker
+        started outside a Cluster) one hosted by rank 0 at MASTER_ADDR:MASTER_PORT, as `env://` would."""
         import torch.distributed as dist
 
         store = getattr(self, "_rendezvous", None)
         if store is None:
-            store = dist.TCPStore(
+            store = self._rendezvous = dist.TCPStore(
                 os.environ["MASTER_ADDR"],
                 int(os.environ["MASTER_PORT"]),
-                is_master=False,
+                is_master=self.rank == 0,
+                wait_for_workers=False,
                 timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
             )
         return store

@@ -21,7 +21,9 @@ class ClusterCheckWorker(Worker):
         if not dist.is_initialized():
             dist.init_process_group(
                 backend=self.platform.dist_backend,
-                init_method="env://",
+                store=self.rendezvous_store(),
+                rank=self.rank,
+                world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=120),
             )
         return dist.get_backend()
