@@ -127,6 +127,20 @@ def test_environments_are_kept_across_batches_and_closed_at_the_end(tokenizer: A
     assert all(env.closed for env in BUILT)
 
 
+def test_template_drift_counts_episodes_whose_ids_the_template_would_not_give(tokenizer: Any) -> None:
+    args = EnvArguments(name="test_two_turns", max_trajectory_tokens=64, apply_chat_template=True)
+    engine = ScriptedEngine(tokenizer)
+    _, metrics = MultiTurnRollout(args, tokenizer, pad_id=0).run(engine.generate, [1, 2], GeneratingArguments(), 0)
+    assert metrics["rollout/template_drift"] == 0.0  # a character tokenizer: decoding and re-encoding round-trip
+    # A special token sampled inside an action is dropped by decoding: the re-rendered conversation lacks it.
+    engine.sampled = [engine.sampled[0], tokenizer.bos_token_id, *engine.sampled[1:]]
+    _, metrics = MultiTurnRollout(args, tokenizer, pad_id=0).run(engine.generate, [1, 2], GeneratingArguments(), 0)
+    assert metrics["rollout/template_drift"] == 1.0
+    plain = EnvArguments(name="test_two_turns", max_trajectory_tokens=64)
+    _, metrics = MultiTurnRollout(plain, tokenizer, pad_id=0).run(engine.generate, [1], GeneratingArguments(), 0)
+    assert "rollout/template_drift" not in metrics  # without a template there is nothing to re-render
+
+
 def test_last_turn_score(tokenizer: Any) -> None:
     batch, _, _ = _play(tokenizer, [3], trajectory_score="last")
     assert batch.batch["scores"].tolist() == [1.0]

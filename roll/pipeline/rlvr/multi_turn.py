@@ -37,6 +37,8 @@ from roll.pipeline.rlvr.observations import ObservationEncoder
 Generate = Callable[[DataProto, GeneratingArguments], DataProto]
 # Turn seeds of one rollout are base_seed * TURN_SEED_STRIDE + turn, so no two turns or steps share one.
 TURN_SEED_STRIDE = 1000
+# Episodes of each batch whose ids are checked against the chat template's rendering (`rollout/template_drift`).
+DRIFT_CHECKED_EPISODES = 8
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Episode:
     # (index in response_ids of the turn's last sampled token, the turn's reward)
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)  # each transcript entry's chat role
+    prompt_cut: bool = False  # the first observation was cut to env.max_observation_tokens
     prompt: str = ""
     done: bool = False
     truncated: bool = False
@@ -117,14 +121,36 @@ class MultiTurnRollout:
             results = manager.step(actions, active)
             for i, result in zip(active, results, strict=True):
                 self._observe(episodes[i], result, last_turn=turn + 1 == env.max_turns, turn_args=turn_args)
-        return self._batch(episodes), episode_metrics(episodes)
+        metrics = episode_metrics(episodes)
+        checked = [e for e in episodes if not e.prompt_cut][:DRIFT_CHECKED_EPISODES]
+        if env.apply_chat_template and checked:
+            metrics["rollout/template_drift"] = self._template_drift(checked)
+        return self._batch(episodes), metrics
+
+    def _template_drift(self, episodes: list[Episode]) -> float:
+        """The share of `episodes` whose ids differ from their conversation rendered by the chat template anew.
+
+        Token in, token out trains on the ids as sampled and appended. A model served by re-rendering the
+        conversation each turn (a chat API) would see the template's ids instead: where they differ (an action
+        sampled as a non-canonical tokenisation, a special token inside one, a template that rewrites earlier
+        turns), training and serving see different inputs.
+        """
+        drifted = 0
+        for episode in episodes:
+            messages = [{"role": "user", "content": episode.prompt}]
+            messages += [{"role": r, "content": t} for r, t in zip(episode.roles, episode.transcript, strict=True)]
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            rendered_ids = list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+            played = episode.prompt_ids + episode.response_ids
+            drifted += rendered_ids[: len(played)] != played
+        return drifted / len(episodes)
 
     def _start(self, episode: Episode, result: EnvResult) -> None:
         episode.prompt = result.observation
         ids = self.encoder.first(result.observation) if not result.done else []
         if len(ids) > self.env.max_observation_tokens:
             # Cut, and the episode still plays: the loss of a truncated row is only dropped by overlong_filter.
-            ids, episode.truncated = ids[-self.env.max_observation_tokens :], True
+            ids, episode.truncated, episode.prompt_cut = ids[-self.env.max_observation_tokens :], True, True
         episode.prompt_ids = ids or [self.pad_id]
         episode.count(result.info)
         if result.done:
@@ -149,6 +175,7 @@ class MultiTurnRollout:
                 episode.log_probs += out.batch["engine_log_probs"][row, :length].float().tolist()
             action = self.tokenizer.decode(sampled, skip_special_tokens=True)
             episode.transcript.append(action)
+            episode.roles.append("assistant")
             actions.append(action)
         return actions
 
@@ -173,6 +200,7 @@ class MultiTurnRollout:
         episode.loss_mask += [0] * len(ids)
         episode.log_probs += [0.0] * len(ids) if self.with_engine_log_probs else []
         episode.transcript.append(result.observation)
+        episode.roles.append(role)
 
     def _batch(self, episodes: list[Episode]) -> DataProto:
         """The episodes in the single-turn rollout layout (see the module docstring)."""
