@@ -41,6 +41,7 @@ from roll.pipeline.rlvr.rlvr_config import RLVRConfig  # noqa: E402
 
 GiB = 2**30
 DOC = REPO_ROOT / "docs" / "memory_estimate.md"
+BLOCKS = ("scale_memory",)
 QWEN25_05B = "hidden_size=896&num_layers=24&num_heads=14&num_kv_heads=2&intermediate_size=4864&tie_word_embeddings=true"
 SIZES = {
     "24m": "tiny://qwen2?hidden_size=512&num_layers=8&num_heads=8&num_kv_heads=2&intermediate_size=1408",
@@ -169,12 +170,17 @@ def estimated(size: str, overrides: list[str]) -> tuple[int, dict[str, int], str
     return node.total, {p.label: p.peak for p in node.processes}, node.largest_term
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options; unknown arguments are the runs' Hydra overrides."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument(doc_tables.WRITE_DOCS, action="store_true", dest="write_docs")
-    args, overrides = parser.parse_known_args()
+    return parser
+
+
+def main() -> None:
+    args, overrides = build_parser().parse_known_args()
     rows, details = [], []
     for size in args.sizes:
         total, per_process, largest = estimated(size, overrides)
@@ -204,7 +210,7 @@ def main() -> None:
     text = "\n".join([header, *rows, *details])
     print(text)
     if args.write_docs:
-        doc_tables.write_block(DOC, "scale_memory", doc_tables.command_line(__file__, sys.argv[1:]), text)
+        doc_tables.write_block(DOC, BLOCKS[0], doc_tables.command_line(__file__, sys.argv[1:]), text)
 
 
 if __name__ == "__main__":
