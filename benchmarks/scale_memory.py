@@ -62,7 +62,6 @@ class Sampled:
     method_peak: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     node_peak: int = 0
     run_peak: int = 0  # the largest sum of the run's own processes' PSS
-    other_now: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # this tick's driver and Ray sums
 
 
 def _pss(pid: int) -> int:
@@ -98,7 +97,7 @@ def sample(run: subprocess.Popen, baseline_used: int, pid_dir: Path) -> Sampled:
         except psutil.Error:
             break
         labels = {run.pid: "driver", **_worker_pids(pid_dir)}
-        total = 0
+        total, others = 0, defaultdict(int)  # this tick's PSS of the driver and of Ray's processes together
         for process in processes:
             pss = _pss(process.pid)
             total += pss
@@ -106,7 +105,7 @@ def sample(run: subprocess.Popen, baseline_used: int, pid_dir: Path) -> Sampled:
             if label in labels.values() and label != "driver":
                 sampled.process_peak[label] = max(sampled.process_peak[label], pss)
             else:
-                sampled.other_now[label] += pss
+                others[label] += pss
             try:
                 title = process.cmdline()[0]
             except (psutil.Error, IndexError):
@@ -115,9 +114,8 @@ def sample(run: subprocess.Popen, baseline_used: int, pid_dir: Path) -> Sampled:
             if method and label in labels.values():
                 key = (label.split("/")[0], method)
                 sampled.method_peak[key] = max(sampled.method_peak[key], pss)
-        for label, pss in sampled.other_now.items():
+        for label, pss in others.items():
             sampled.process_peak[label] = max(sampled.process_peak[label], pss)
-        sampled.other_now.clear()
         memory = psutil.virtual_memory()
         sampled.run_peak = max(sampled.run_peak, total)
         sampled.node_peak = max(sampled.node_peak, memory.total - memory.available - baseline_used)

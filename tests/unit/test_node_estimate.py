@@ -82,25 +82,19 @@ def test_a_run_that_will_not_fit_is_a_config_error_naming_its_largest_term() -> 
     assert check_node_memory(config)[0].over  # reported, not refused
 
 
+def start_recipe(*overrides: str) -> subprocess.CompletedProcess:
+    """The RLVR entry point on the recipe, as a user starts it."""
+    command = [sys.executable, "examples/start_rlvr_pipeline.py", f"--config-name={RECIPE}", *overrides]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
 def test_the_real_command_refuses_it_before_ray_starts() -> None:
     # Refused from the model's shape alone (its 2 GB of weights are not built).
-    result = subprocess.run(
-        [sys.executable, "examples/start_rlvr_pipeline.py", f"--config-name={RECIPE}", *EIGHT_RANKS],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = start_recipe(*EIGHT_RANKS)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "will not fit in host memory" in result.stderr and "largest term is actor_train" in result.stderr
     assert "Started a local Ray instance" not in result.stderr + result.stdout
-    dry = subprocess.run(
-        [sys.executable, "examples/start_rlvr_pipeline.py", f"--config-name={RECIPE}", *EIGHT_RANKS, "dry_run=true"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    dry = start_recipe(*EIGHT_RANKS, "dry_run=true")
     # The dry run prints the plan with every term, then ends with the same config error.
     assert dry.returncode == 2, dry.stderr[-2000:]
     assert "node 0 will not fit" in dry.stdout and "largest term is actor_train" in dry.stderr
