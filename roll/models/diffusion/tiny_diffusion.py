@@ -1,0 +1,203 @@
+"""A tiny text-to-image diffusion model in pixel space, built locally for tests and CPU demonstrations.
+
+The directory it writes has the layout of a diffusers text-to-image checkpoint (Stable Diffusion's, without
+a VAE): `unet/` (a `UNet2DConditionModel` on RGB pixels), `scheduler/` (DDIM), `text_encoder/` (a one-layer
+`CLIPTextModel`) and `tokenizer/` (a word-level tokenizer over `TINY_WORDS`), so `roll.models.diffusion.parts`
+loads it exactly as it loads a real one. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
+
+TINY_DIFFUSION_SCHEME = "tiny-diffusion://"
+SPEC_MARKER = "roll_tiny_diffusion_spec.json"
+PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
+# The words prompts may use; others become <unk>. Enough for prompts about small coloured shapes.
+TINY_WORDS = [
+    "a",
+    "an",
+    "the",
+    "of",
+    "on",
+    "in",
+    "and",
+    "with",
+    "small",
+    "large",
+    "big",
+    "tiny",
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "centre",
+    "center",
+    "middle",
+    "black",
+    "white",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "cyan",
+    "magenta",
+    "orange",
+    "purple",
+    "pink",
+    "grey",
+    "gray",
+    "circle",
+    "square",
+    "triangle",
+    "cross",
+    "ring",
+    "shape",
+    "background",
+    "image",
+]
+_BUILD_VERSION = 2
+
+
+@dataclass(frozen=True)
+class TinyDiffusionSpec:
+    """Shape of the tiny model: `image_size`² RGB pixels, a two-level UNet of `base_channels` and twice that."""
+
+    image_size: int = 16
+    base_channels: int = 16
+    text_hidden_size: int = 32
+    max_prompt_tokens: int = 8
+    num_train_timesteps: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.image_size % 2 or self.image_size < 4:
+            raise ValueError(f"image_size={self.image_size} must be even and at least 4 (the UNet halves it once)")
+        if self.base_channels % 4:
+            raise ValueError(f"base_channels={self.base_channels} must be a multiple of 4 (its group norm groups)")
+        if self.text_hidden_size % 8:
+            raise ValueError(f"text_hidden_size={self.text_hidden_size} must be a multiple of 8 (its attention heads)")
+
+
+def build_word_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over `TINY_WORDS` (lower-cased), padding every prompt to `max_length`."""
+    vocab = {token: i for i, token in enumerate([PAD, UNK, EOS, *TINY_WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens([PAD, UNK, EOS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD, unk_token=UNK, eos_token=EOS, padding_side="right"
+    )
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
+def make_tiny_diffusion(output_dir: str | Path, spec: TinyDiffusionSpec | None = None, seed: int = 0) -> Path:
+    """Save a seeded random tiny diffusion model (see the module) in `output_dir`; return it.
+
+    A directory already built with the same spec and seed is returned as it is.
+    """
+    from diffusers import DDIMScheduler, UNet2DConditionModel
+
+    spec = spec or TinyDiffusionSpec()
+    path = Path(output_dir)
+    marker_file = path / SPEC_MARKER
+    marker = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
+    if _read_marker(marker_file) == marker:
+        return path
+    tokenizer = build_word_tokenizer(spec.max_prompt_tokens)
+    channels = spec.base_channels
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        text_encoder = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=spec.text_hidden_size,
+                intermediate_size=2 * spec.text_hidden_size,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                max_position_embeddings=spec.max_prompt_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.eos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        )
+        unet = UNet2DConditionModel(
+            sample_size=spec.image_size,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(channels, 2 * channels),
+            layers_per_block=1,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=spec.text_hidden_size,
+            attention_head_dim=8,
+            norm_num_groups=4,
+        )
+    scheduler = DDIMScheduler(
+        num_train_timesteps=spec.num_train_timesteps,
+        beta_schedule="squaredcos_cap_v2",
+        clip_sample=False,
+        set_alpha_to_one=True,
+    )
+    marker_file.unlink(missing_ok=True)  # an interrupted rebuild is never mistaken for the previous build
+    path.mkdir(parents=True, exist_ok=True)
+    unet.save_pretrained(path / "unet")
+    text_encoder.save_pretrained(path / "text_encoder")
+    tokenizer.save_pretrained(path / "tokenizer")
+    scheduler.save_pretrained(path / "scheduler")
+    marker_file.write_text(json.dumps(marker, indent=2))
+    return path
+
+
+def _read_marker(marker_file: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(marker_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_tiny_diffusion(reference: str) -> tuple[TinyDiffusionSpec, int]:
+    """The spec and seed a `tiny-diffusion://unet?image_size=16&base_channels=16&seed=0` reference names."""
+    kind, _, query = reference[len(TINY_DIFFUSION_SCHEME) :].partition("?")
+    if kind not in ("", "unet"):
+        raise ValueError(f"{reference!r}: tiny diffusion model {kind!r} is not one of: unet")
+    fields: dict[str, int] = {}
+    seed = 0
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key != "seed" and key not in TinyDiffusionSpec.__dataclass_fields__:
+            valid = ", ".join(["seed", *TinyDiffusionSpec.__dataclass_fields__])
+            raise ValueError(f"{reference!r}: unknown tiny diffusion option {key!r}; valid: {valid}")
+        if not value.isdigit():
+            raise ValueError(f"{reference!r}: option {key}={value!r} must be a whole number")
+        if key == "seed":
+            seed = int(value)
+        else:
+            fields[key] = int(value)
+    return TinyDiffusionSpec(**fields), seed
+
+
+def resolve_diffusion_path(model_name_or_path: str, cache_dir: str | None = None) -> str:
+    """A local model directory for `model_name_or_path`; `tiny-diffusion://...` references are built on first use.
+
+    Built once under `cache_dir` (default `$ROLL_CACHE_DIR` or `~/.cache/roll`) under a file lock, so
+    concurrent workers build it once. Other values pass through.
+    """
+    if not model_name_or_path.startswith(TINY_DIFFUSION_SCHEME):
+        return model_name_or_path
+    spec, seed = parse_tiny_diffusion(model_name_or_path)
+    root = Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll") / "tiny_diffusion"
+    name = "-".join(f"{k}{v}" for k, v in sorted(asdict(spec).items())) + f"-seed{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return str(make_tiny_diffusion(root / name, spec, seed=seed))
