@@ -1,0 +1,201 @@
+"""The module a Reward FL worker's engine owns: a diffusion model's parts, a frozen reference and the reward.
+
+Its forward pass takes a batch of prompt ids (as a language model's would, so the training strategy's
+micro-batches, accumulation and ZeRO sharding apply unchanged), samples one image per prompt with the
+truncated-gradient loop of `sampling.denoise`, decodes it (through the VAE, if the model has one) and scores
+it. The gradient of the reward then reaches the trainable parts through the last K denoising steps only.
+Noise comes from torch's generator: the worker seeds it before each call.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from roll.configs.worker_config import ModelArguments
+from roll.models.diffusion.parts import DiffusionParts, save_diffusion_parts
+from roll.pipeline.diffusion.sampling import SamplingArguments, denoise
+from roll.rewards.image_rewards import ImageReward
+
+LORA_KEY = re.compile(r"(.*)\.lora_([AB])\.default\.weight")
+
+
+@dataclass
+class RewardFLOutput:
+    """One sampled image per prompt `[B, 3, H, W]` in [0, 1], its reward `[B]`, and the mean squared distance of
+    the trained from the frozen noise prediction over the gradient steps `[B]` (zeros without a reference)."""
+
+    images: torch.Tensor
+    rewards: torch.Tensor
+    regulariser: torch.Tensor
+
+
+class RewardFLModel(torch.nn.Module):
+    """Text encoder, denoiser, optional VAE, optional frozen reference denoiser and the reward model, as one module.
+
+    `trainable` names the parts that train (`unet`, `text_encoder`); with `model_args.lora_rank` > 0 the UNet
+    trains LoRA adapters on `model_args.lora_target_modules` only, and its reference is the same UNet with the
+    adapters disabled. Without LoRA a frozen copy of the initial UNet is kept when `with_reference`.
+    """
+
+    def __init__(
+        self,
+        parts: DiffusionParts,
+        reward: ImageReward,
+        trainable: list[str],
+        model_args: ModelArguments,
+        with_reference: bool,
+    ) -> None:
+        super().__init__()
+        self.parts = parts  # the scheduler, tokenizer and source directory; the modules are registered below
+        self.unet, self.text_encoder, self.vae, self.reward = parts.unet, parts.text_encoder, parts.vae, reward
+        self.lora_scaling = 0.0
+        for module in (self.unet, self.text_encoder, self.vae):
+            if module is not None:
+                module.requires_grad_(False)
+        self.reference_unet = None
+        if with_reference and model_args.lora_rank == 0:
+            self.reference_unet = copy.deepcopy(self.unet).eval()
+        if "text_encoder" in trainable:
+            self.text_encoder.requires_grad_(True)
+        if "unet" in trainable:
+            if model_args.lora_rank > 0:
+                self._add_lora(model_args)
+            else:
+                self.unet.requires_grad_(True)
+        self.with_reference = with_reference
+        self.sampling = SamplingArguments()
+        self.checkpointed = False
+        # What the training strategy reads and writes on a Hugging Face model.
+        self.config = SimpleNamespace(use_cache=False)
+
+    def _add_lora(self, model_args: ModelArguments) -> None:
+        from peft import LoraConfig
+
+        self.unet.add_adapter(
+            LoraConfig(
+                r=model_args.lora_rank,
+                lora_alpha=model_args.lora_alpha,
+                lora_dropout=model_args.lora_dropout,
+                target_modules=list(model_args.lora_target_modules),
+            )
+        )
+        for name, param in self.unet.named_parameters():
+            param.requires_grad_(".lora_" in name)
+        self.lora_scaling = model_args.lora_alpha / model_args.lora_rank
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+        """Recompute each gradient step's noise prediction in backward (training_args.gradient_checkpointing)."""
+        self.checkpointed = True
+
+    def encode(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The text encoder's hidden states `[B, T, D]` (no attention mask: padding is attended, as Stable Diffusion
+        conditions); without gradient unless the text encoder trains."""
+        trains = any(p.requires_grad for p in self.text_encoder.parameters())
+        with torch.set_grad_enabled(trains and torch.is_grad_enabled()):
+            return self.text_encoder(input_ids=input_ids).last_hidden_state
+
+    def noise_predictor(self, unet: torch.nn.Module, cond: torch.Tensor, uncond: torch.Tensor | None):
+        """(sample, timestep) -> `unet`'s noise prediction, guided by `guidance_scale` when `uncond` is given."""
+        scale = self.sampling.guidance_scale
+
+        def predict(sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+            if uncond is None:
+                return unet(sample, timestep, encoder_hidden_states=cond).sample
+            both = unet(torch.cat([sample, sample]), timestep, encoder_hidden_states=torch.cat([uncond, cond])).sample
+            unconditional, conditional = both.chunk(2)
+            return unconditional + scale * (conditional - unconditional)
+
+        return predict
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        use_cache: bool = False,
+    ) -> RewardFLOutput:
+        """Sample one image per prompt of `input_ids`, score it, and measure its distance from the reference."""
+        cond = self.encode(input_ids)
+        uncond = None
+        if self.sampling.guidance_scale > 1:
+            empty = torch.full_like(input_ids, self.parts.tokenizer.pad_token_id)
+            uncond = self.encode(empty).detach()
+        config = self.unet.config
+        noise = torch.randn(
+            len(input_ids), config.in_channels, config.sample_size, config.sample_size, device=cond.device
+        )
+        distances: list[torch.Tensor] = []
+        reference = self._reference_predictor(cond.detach(), uncond) if self.with_reference else None
+
+        def regularise(sample: torch.Tensor, timestep: torch.Tensor, predicted: torch.Tensor) -> None:
+            with torch.no_grad():
+                frozen = reference(sample, timestep)
+            distances.append((predicted - frozen).pow(2).mean(dim=(1, 2, 3)))
+
+        predict = self.noise_predictor(self.unet, cond, uncond)
+        sample = denoise(
+            predict, self.parts.scheduler, noise, self.sampling, self.checkpointed, regularise if reference else None
+        )
+        images = self.decode(sample)
+        prompts = self.parts.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
+        regulariser = torch.stack(distances).mean(dim=0) if distances else torch.zeros(len(images), device=cond.device)
+        return RewardFLOutput(images, self.reward(images, prompts), regulariser)
+
+    def _reference_predictor(self, cond: torch.Tensor, uncond: torch.Tensor | None):
+        if self.reference_unet is not None:
+            return self.noise_predictor(self.reference_unet, cond, uncond)
+        predict = self.noise_predictor(self.unet, cond, uncond)
+
+        def without_adapters(sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+            self.unet.disable_adapters()
+            try:
+                return predict(sample, timestep)
+            finally:
+                self.unet.enable_adapters()
+
+        return without_adapters
+
+    def decode(self, sample: torch.Tensor) -> torch.Tensor:
+        """Images in [0, 1] from the final sample (pixels in [-1, 1], or VAE latents)."""
+        if self.vae is not None:
+            sample = self.vae.decode(sample / self.vae.config.scaling_factor).sample
+        return (sample / 2 + 0.5).clamp(0, 1)
+
+    def save_pretrained(self, output_dir: str, state_dict: dict[str, torch.Tensor], **_: Any) -> None:
+        """Write the trained model as a diffusers directory from full weights by parameter name (LoRA merged)."""
+        by_part: dict[str, dict[str, torch.Tensor]] = {"unet": {}, "text_encoder": {}}
+        for name, tensor in state_dict.items():
+            part, _, key = name.partition(".")
+            if part in by_part:
+                by_part[part][key] = tensor
+        for part in by_part:
+            buffers = {name: buffer for name, buffer in getattr(self, part).named_buffers()}
+            by_part[part] = buffers | by_part[part]
+        by_part["unet"] = merge_lora(by_part["unet"], self.lora_scaling)
+        save_diffusion_parts(self.parts, output_dir, by_part)
+
+
+def merge_lora(weights: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """Plain layer weights from a LoRA-adapted state: `W + scaling * B @ A` for each adapted layer, names unwrapped.
+
+    Weights without adapters are returned unchanged.
+    """
+    merged: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if LORA_KEY.fullmatch(name):
+            continue
+        layer, dot, kind = name.rpartition(".base_layer.")
+        if not dot:
+            merged[name] = tensor
+            continue
+        if kind == "weight":
+            down, up = weights[f"{layer}.lora_A.default.weight"], weights[f"{layer}.lora_B.default.weight"]
+            tensor = tensor + scaling * (up.float() @ down.float()).to(tensor.dtype)
+        merged[f"{layer}.{kind}"] = tensor
+    return merged
