@@ -142,7 +142,7 @@ VERDICTS: dict[str, Run | Skip] = {
     "roll-rlvr --config-name rlvr_gsm8k_format": Run(
         "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
     ),
-    "python scripts/make_guess_number_sft_data.py": Run("python scripts/make_guess_number_sft_data.py"),
+    "python scripts/make_agentic_sft_data.py guess_number": Run("python scripts/make_agentic_sft_data.py guess_number"),
     "roll-sft --config-name sft_guess_number": Run("roll-sft --config-name sft_guess_number max_steps=2 eval_steps=2"),
     # Reads the SFT export above; tests/integration/test_agentic_pipeline.py runs its YAML.
     "roll-rlvr --config-name agentic_guess_number": Run("roll-rlvr --config-name agentic_guess_number dry_run=true"),

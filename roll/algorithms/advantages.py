@@ -30,22 +30,31 @@ class AdvantageEstimator(Protocol):
         *,
         values: torch.Tensor | None = None,
         group_index: torch.Tensor | None = None,
-        gamma: float = 1.0,
+        gamma: float | torch.Tensor = 1.0,
         lam: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def _discounted_gae(
-    token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float | torch.Tensor,
+    lam: float,
 ) -> torch.Tensor:
-    """GAE walking backwards over masked-in tokens only, so a masked hole (e.g. an env turn) is skipped."""
+    """GAE walking backwards over masked-in tokens only, so a masked hole (e.g. an env turn) is skipped.
+
+    `gamma` is one discount, or one per token [B, T]: the discount from that token to the next masked-in one
+    (multi-turn episodes discount between turns this way).
+    """
     mask = response_mask.bool()
+    gammas = torch.as_tensor(gamma, dtype=token_rewards.dtype).expand_as(token_rewards)
     advantages = torch.zeros_like(token_rewards)
     next_value = torch.zeros_like(token_rewards[:, 0])
     next_advantage = torch.zeros_like(next_value)
     for t in reversed(range(token_rewards.shape[1])):
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
+        delta = token_rewards[:, t] + gammas[:, t] * next_value - values[:, t]
+        advantage = delta + gammas[:, t] * lam * next_advantage
         next_value = torch.where(mask[:, t], values[:, t], next_value)
         next_advantage = torch.where(mask[:, t], advantage, next_advantage)
         advantages[:, t] = torch.where(mask[:, t], advantage, 0.0)
@@ -106,11 +115,13 @@ def gae_advantages(
     response_mask: torch.Tensor,
     *,
     values: torch.Tensor | None = None,
-    gamma: float = 1.0,
+    gamma: float | torch.Tensor = 1.0,
     lam: float = 1.0,
     whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE: `A_t = δ_t + γλ A_{t+1}`, `δ_t = r_t + γ V_{t+1} - V_t` over masked-in tokens (V after the last = 0).
+
+    `gamma` may be a tensor [B, T] of per-token discounts (see `_discounted_gae`).
 
     Returns `A + V` as the value targets. `whiten=True` then whitens the advantages over all masked-in
     tokens of the batch (`masked_whiten`: mean 0, unit variance); the value targets stay unwhitened.
@@ -145,9 +156,11 @@ def grpo_advantages(
 
 @_uniform_signature
 def reinforce_plus_plus_advantages(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, *, gamma: float = 1.0
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, *, gamma: float | torch.Tensor = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: returns `G_t = r_t + γ G_{t+1}`; advantages `(G - mean) / sqrt(var + 1e-8)` over all masked tokens.
+
+    `gamma` may be a tensor [B, T] of per-token discounts (see `_discounted_gae`).
 
     Mean and unbiased variance are taken over every masked-in token of the batch (`masked_whiten`).
     """

@@ -130,12 +130,7 @@ class EnvManager:
         self._in_episode = [False] * self.num_envs
 
     def _slots(self, slots: Sequence[int] | None, count: int) -> list[int]:
-        slots = list(range(count)) if slots is None else list(slots)
-        if len(slots) != count:
-            raise ValueError(f"{len(slots)} slots for {count} seeds or actions")
-        if len(set(slots)) != len(slots) or not all(0 <= slot < self.num_envs for slot in slots):
-            raise ValueError(f"slots must be distinct and in [0, {self.num_envs}): {slots}")
-        return slots
+        return checked_slots(slots, count, self.num_envs)
 
     def _run(self, call: str, calls: list[Callable[[], Any]]) -> list[Outcome[Any]]:
         return run_with_deadline(calls, self.timeout_s, self.max_concurrency, name=f"roll-env-{call}")
@@ -148,7 +143,22 @@ class EnvManager:
         self._in_episode[slot] = False
         message = f"{call} {reason}"
         logger.warning("environment %d: %s; its episode is truncated and the environment discarded", slot, message)
-        return EnvResult("", truncated=True, info={ENV_ERROR: 1, ENV_ERROR_MESSAGE: message})
+        return failed_result(message)
+
+
+def failed_result(message: str) -> EnvResult:
+    """The result of a call that failed: the episode ends as truncated, with `env_error` and its message."""
+    return EnvResult("", truncated=True, info={ENV_ERROR: 1, ENV_ERROR_MESSAGE: message})
+
+
+def checked_slots(slots: Sequence[int] | None, count: int, num_envs: int) -> list[int]:
+    """`slots` (default: the first `count`) as a list; ValueError unless `count` distinct slots of `num_envs`."""
+    slots = list(range(count)) if slots is None else list(slots)
+    if len(slots) != count:
+        raise ValueError(f"{len(slots)} slots for {count} seeds or actions")
+    if len(set(slots)) != len(slots) or not all(0 <= slot < num_envs for slot in slots):
+        raise ValueError(f"slots must be distinct and in [0, {num_envs}): {slots}")
+    return slots
 
 
 def _reason(outcome: Outcome[Any], timeout_s: float) -> tuple[str, str]:

@@ -232,26 +232,75 @@ def test_gem_unknown_id_is_a_value_error_with_the_closest_ids() -> None:
         env_factory("gem:game:GuessTheNumber-v0-eazy")
 
 
-def test_bisection_sft_rows_tokenise_as_the_rollout_history() -> None:
-    """Each row's prompt is, id for id, what the multi-turn rollout holds before that turn: the first observation,
-    then per turn the sampled guess with its EOS and the next observation, each encoded on its own."""
+def test_bisection_sft_rows_cover_the_bisection_tree() -> None:
     from roll.envs.builtin.guess_number import bisection_rows
-    from roll.models.tiny import build_char_tokenizer
-    from roll.pipeline.rlvr.observations import ObservationEncoder
 
-    tokenizer = build_char_tokenizer()
-    encoder = ObservationEncoder(tokenizer, chat_template=False)
-    rows = bisection_rows(16, tokenizer.eos_token)
+    rows = bisection_rows(16, "<eos>")
     # One row per turn of each of the 16 games (5 turns at most); one distinct prompt per node of the bisection tree.
     assert len(rows) == 54 and len({row["prompt"]: row["answer"] for row in rows}) == 16
     assert len({(row["prompt"], row["answer"]) for row in rows}) == 16
     # Secret 11: 8 higher, 12 lower, 10 higher, 11 correct.
     game = [row for row in rows if row["prompt"].startswith("guess 1-16\n8<eos>higher\n12<eos>lower\n10<eos>higher")]
     assert [row["answer"] for row in game] == ["11"]
+
+
+def _transcript_rows(task: str, eos: str) -> list[dict[str, str]]:
+    from roll.envs.builtin.arithmetic import tool_use_rows
+    from roll.envs.builtin.frozen_lake import noisy_expert_rows
+    from roll.envs.builtin.guess_number import bisection_rows
+
+    if task == "guess_number":
+        return bisection_rows(16, eos)
+    if task == "calculator":
+        return tool_use_rows(range(20), 0.5, eos)
+    return noisy_expert_rows(range(20), 0.5, eos)
+
+
+@pytest.mark.parametrize("task", ["guess_number", "calculator", "frozen_lake"])
+def test_sft_transcript_rows_tokenise_as_the_rollout_history(task: str) -> None:
+    """Each row's prompt is, id for id, what the multi-turn rollout holds before that turn: the first observation,
+    then per turn the sampled action with its EOS and the next observation, each encoded on its own."""
+    from roll.models.tiny import build_char_tokenizer
+    from roll.pipeline.rlvr.observations import ObservationEncoder
+
+    tokenizer = build_char_tokenizer()
+    encoder = ObservationEncoder(tokenizer, chat_template=False)
+    rows = _transcript_rows(task, tokenizer.eos_token)
+    assert any(tokenizer.eos_token in row["prompt"] for row in rows)  # some rows hold earlier turns
     for row in rows:
-        history = encoder.first("guess 1-16")
-        for turn in row["prompt"].splitlines()[1:]:
-            guess, observation = turn.split(tokenizer.eos_token)
-            history += tokenizer(guess, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            history += encoder.next(observation)
+        # obs0 \n a1 <eos> obs1 \n a2 <eos> ... obsN \n: actions hold no newline, observations may.
+        *turns, last = row["prompt"].split(tokenizer.eos_token)
+        history: list[int] = []
+        for index, part in enumerate(turns):
+            observation, action = part.rsplit("\n", 1)
+            history += encoder.first(observation) if index == 0 else encoder.next(observation)
+            history += tokenizer(action, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        history += encoder.first(last[:-1]) if not turns else encoder.next(last[:-1])
         assert tokenizer(row["prompt"], add_special_tokens=False)["input_ids"] == history
+
+
+def test_calculator_rows_call_the_tool_on_their_share_of_problems() -> None:
+    from roll.envs.builtin.arithmetic import calculator_arithmetic, tool_use_rows
+
+    rows = tool_use_rows(range(10), 0.3, "<eos>")
+    calls = [row for row in rows if row["answer"].startswith("<calc ")]
+    assert len(calls) == 3 and len(rows) == 13  # 3 problems in two turns, 7 answered directly
+    env = calculator_arithmetic()
+    env.reset(0)
+    observation, *_ = env.step(calls[0]["answer"])  # the transcript's tool answer is the tool's
+    assert rows[1]["prompt"].endswith(f"<eos>{observation}\n") and rows[1]["answer"] == observation
+
+
+def test_the_frozen_lake_expert_walks_a_shortest_path() -> None:
+    from roll.envs.builtin.frozen_lake import FrozenLakeEnv, noisy_expert_rows, shortest_path_move
+
+    # From the start of gymnasium's 4x4 map the only way down passes (1,0), (2,0), then right along row 2.
+    rows = ["SFFF", "FHFH", "FFFH", "HFFG"]
+    assert shortest_path_move(rows, 0) == "D" and shortest_path_move(rows, 8) in "DR"
+    assert shortest_path_move(["SHFF", "HFFF", "FFFF", "FFFG"], 0) == ""  # walled in
+    env = FrozenLakeEnv(random_map=True)
+    for seed in range(50):
+        moves = [row["answer"] for row in noisy_expert_rows([seed], 0.0, "<eos>")]
+        env.reset(seed)
+        results = [env.step(move) for move in moves]
+        assert results[-1][4]["success"] == 1.0 and len(moves) <= 6  # every 4x4 random map: 6 moves at most

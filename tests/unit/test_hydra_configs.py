@@ -15,6 +15,8 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.datasets.gsm8k_format import write_gsm8k_format
+from roll.envs.builtin.arithmetic import tool_use_rows
+from roll.envs.builtin.frozen_lake import noisy_expert_rows
 from roll.envs.builtin.guess_number import bisection_rows
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
@@ -49,6 +51,10 @@ PIPELINE_SCHEMAS = {
     "distill_onpolicy_arithmetic": RLVRConfig,
     "agentic_guess_number": RLVRConfig,
     "sft_guess_number": SFTConfig,
+    "agentic_calculator": RLVRConfig,
+    "sft_calculator": SFTConfig,
+    "agentic_frozen_lake": RLVRConfig,
+    "sft_frozen_lake": SFTConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -100,6 +106,13 @@ def test_every_yaml_is_a_block_or_a_known_pipeline() -> None:
     assert names == set(DEEPSPEED_BLOCKS) | set(PIPELINE_SCHEMAS)
 
 
+AGENTIC_TRANSCRIPTS = {
+    "sft_guess_number": lambda: bisection_rows(16, "<eos>") * 4,
+    "sft_calculator": lambda: tool_use_rows(range(64), 0.3, "<eos>"),
+    "sft_frozen_lake": lambda: noisy_expert_rows(range(16), 0.5, "<eos>"),
+}
+
+
 def local_inputs(name: str, tmp_path: Path) -> list[str]:
     """Overrides pointing a recipe at inputs this machine has: a tiny model and, for file data, GSM8K-format files.
 
@@ -108,8 +121,8 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     """
     if name == "distill_onpolicy_arithmetic":  # its student and teacher are exports of earlier runs
         return ["devices_per_node=2", "pretrain=tiny://qwen2", "teacher.model_args.model_name_or_path=tiny://qwen2"]
-    if name == "sft_guess_number":  # its transcripts come from scripts/make_guess_number_sft_data.py
-        rows = "".join(json.dumps(row) + "\n" for row in bisection_rows(16, "<eos>") * 4)
+    if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
+        rows = "".join(json.dumps(row) + "\n" for row in AGENTIC_TRANSCRIPTS[name]())
         (tmp_path / "train.jsonl").write_text(rows)
         data = tmp_path / "train.jsonl"
         return ["devices_per_node=2", f"data.train_file={data}", f"data.eval_file={data}"]

@@ -102,6 +102,7 @@ def test_masks_rewards_and_ids_of_a_two_turn_episode(tokenizer: Any) -> None:
     expected_rewards = [0.0] * 16
     expected_rewards[2], expected_rewards[8] = 0.5, 1.0  # each on its turn's last sampled token (the EOS)
     assert data["turn_rewards"][0].tolist() == expected_rewards
+    assert data["turn_discounts"][0].tolist() == [1.0] * 16  # env.turn_gamma defaults to 1
     assert data["scores"].tolist() == [1.5]  # sum
     assert data["truncated"].tolist() == [False]
     assert metrics["rollout/success"] == 1.0 and metrics["rollout/turns_mean"] == 2.0
@@ -139,6 +140,13 @@ def test_template_drift_counts_episodes_whose_ids_the_template_would_not_give(to
     plain = EnvArguments(name="test_two_turns", max_trajectory_tokens=64)
     _, metrics = MultiTurnRollout(plain, tokenizer, pad_id=0).run(engine.generate, [1], GeneratingArguments(), 0)
     assert "rollout/template_drift" not in metrics  # without a template there is nothing to re-render
+
+
+def test_turn_gamma_sits_on_each_turns_last_sampled_token(tokenizer: Any) -> None:
+    batch, _, _ = _play(tokenizer, [3], turn_gamma=0.5)
+    expected = [1.0] * 16
+    expected[2] = expected[8] = 0.5
+    assert batch.batch["turn_discounts"][0].tolist() == expected
 
 
 def test_last_turn_score(tokenizer: Any) -> None:
@@ -187,10 +195,11 @@ def test_a_failing_env_truncates_its_own_episode_within_the_timeout(tokenizer: A
     assert batch.batch["response_mask"][:, :3].sum().item() == 6  # the action before the failure stays trainable
 
 
-def _turn_batch(values: list[float] | None = None) -> DataProto:
+def _turn_batch(values: list[float] | None = None, turn_gamma: float = 1.0) -> DataProto:
     tensors = {
         "response_mask": torch.tensor([[1, 1, 0, 1]]),
         "turn_rewards": torch.tensor([[0.0, 0.5, 0.0, 1.0]]),
+        "turn_discounts": torch.tensor([[1.0, turn_gamma, 1.0, turn_gamma]]),
         "scores": torch.tensor([1.5]),
     }
     if values is not None:
@@ -203,6 +212,23 @@ def test_reinforce_plus_plus_reads_turn_rewards_and_skips_env_tokens() -> None:
     batch, _ = compute_advantages(_turn_batch(), torch.tensor([0]), algorithm, 0.0)
     assert batch.batch["token_rewards"].tolist() == [[0.0, 0.5, 0.0, 1.0]]
     assert batch.batch["returns"].tolist() == [[1.5, 1.5, 0.0, 1.0]]  # G_t over sampled tokens only
+
+
+def test_reinforce_plus_plus_discounts_between_turns_not_within_them() -> None:
+    algorithm = AlgorithmArguments(adv_estimator="reinforce_plus_plus", gamma=1.0)
+    batch, _ = compute_advantages(_turn_batch(turn_gamma=0.5), torch.tensor([0]), algorithm, 0.0)
+    # t1 ends turn 1: 0.5 + 0.5 * G3; t0 is inside turn 1: G1 undiscounted.
+    assert batch.batch["returns"].tolist() == [[1.0, 1.0, 0.0, 1.0]]
+    per_token = AlgorithmArguments(adv_estimator="reinforce_plus_plus", gamma=0.5)
+    batch, _ = compute_advantages(_turn_batch(turn_gamma=0.5), torch.tensor([0]), per_token, 0.0)
+    assert batch.batch["returns"].tolist() == [[0.375, 0.75, 0.0, 1.0]]  # both: 0.5 * 0.5 across, 0.5 within
+
+
+def test_gae_discounts_between_turns() -> None:
+    algorithm = AlgorithmArguments(adv_estimator="gae", gamma=1.0, lam=1.0, whiten_advantages=False)
+    batch, _ = compute_advantages(_turn_batch([0.1, 0.2, 9.0, 0.3], turn_gamma=0.5), torch.tensor([0]), algorithm, 0.0)
+    # t3: 1 - 0.3 = 0.7; t1: 0.5 + 0.5 * 0.3 - 0.2 + 0.5 * 0.7 = 0.8; t0: 0 + 0.2 - 0.1 + 0.8 = 0.9.
+    assert batch.batch["advantages"][0].tolist() == pytest.approx([0.9, 0.8, 0.0, 0.7])
 
 
 def test_gae_skips_env_tokens() -> None:

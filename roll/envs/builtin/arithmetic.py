@@ -70,3 +70,28 @@ def calculator_arithmetic(
     """
     task = MultiplicationEnv(min_digits, max_digits, max_turns)
     return ToolEnv(task, ("calc",), formats, tool_timeout_s, tuple(brackets))
+
+
+def tool_use_rows(
+    seeds: Sequence[int], tool_share: float, eos: str, min_digits: int = 2, max_digits: int = 3
+) -> list[dict[str, str]]:
+    """SFT rows of calculator_arithmetic episodes as the multi-turn rollout tokenises them without a chat template.
+
+    The first `round(tool_share * len(seeds))` problems are solved with the tool: a row asking for the call
+    `<calc a*b>`, then a row whose prompt holds the call, `eos` as text and the tool's answer, asking for the
+    product. The others are answered directly with the product, which a tiny model cannot compute: the warm
+    start knows both moves and leaves RL to find that the tool pays.
+    """
+    rows = []
+    env = MultiplicationEnv(min_digits, max_digits)
+    with_tool = round(tool_share * len(seeds))
+    for index, seed in enumerate(seeds):
+        observation, _ = env.reset(seed)
+        a, b = env.operands
+        prompt = observation + "\n"
+        if index < with_tool:
+            call = f"<calc {a}*{b}>"
+            rows.append({"prompt": prompt, "answer": call})
+            prompt += f"{call}{eos}{a * b}\n"
+        rows.append({"prompt": prompt, "answer": str(a * b)})
+    return rows

@@ -18,7 +18,9 @@ held-out seeds are maps not seen in training; by default the map is gymnasium's 
 
 from __future__ import annotations
 
+import random
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from roll.envs.protocol import INVALID_ACTION, SUCCESS, ResetResult, StepResult
@@ -86,13 +88,64 @@ class FrozenLakeEnv:
 
     def render(self) -> str:
         """The map, one row a line, with the player's square as `P`."""
-        grid = [[cell.decode() for cell in row] for row in self._gym.unwrapped.desc]
+        grid = [list(row) for row in self.rows()]
         row, col = divmod(int(self._gym.unwrapped.s), SIZE)
         grid[row][col] = "P"
         return "\n".join("".join(row) for row in grid)
+
+    def rows(self) -> list[str]:
+        """The map's rows as letters, without the player."""
+        return [b"".join(row).decode() for row in self._gym.unwrapped.desc]
+
+    def best_move(self) -> str:
+        """The first move of a shortest path from the player's square to the goal avoiding holes; "" if none."""
+        return shortest_path_move(self.rows(), int(self._gym.unwrapped.s))
 
     def _make(self, desc: list[str] | None) -> Any:
         import gymnasium
 
         # Our own max_turns ends episodes; gymnasium's TimeLimit (100 steps) never comes into play.
         return gymnasium.make("FrozenLake-v1", desc=desc, map_name=f"{SIZE}x{SIZE}", is_slippery=self.is_slippery)
+
+
+def shortest_path_move(desc: list[str], position: int) -> str:
+    """The first move (`L D R U`) of a shortest path from `position` to the goal that avoids holes; "" if none."""
+    goal = next(i for i in range(SIZE * SIZE) if desc[i // SIZE][i % SIZE] == "G")
+    first: dict[int, str] = {position: ""}
+    frontier = [position]
+    while frontier and goal not in first:
+        following = []
+        for square in frontier:
+            row, col = divmod(square, SIZE)
+            for move, (dr, dc) in zip("LDRU", ((0, -1), (1, 0), (0, 1), (-1, 0)), strict=True):
+                r, c = row + dr, col + dc
+                nxt = r * SIZE + c
+                if 0 <= r < SIZE and 0 <= c < SIZE and nxt not in first and desc[r][c] != "H":
+                    first[nxt] = first[square] or move
+                    following.append(nxt)
+        frontier = following
+    return first.get(goal, "")
+
+
+def noisy_expert_rows(seeds: Sequence[int], epsilon: float, eos: str, max_turns: int = 10) -> list[dict[str, str]]:
+    """SFT rows of non-slippery random-map episodes played by a noisy expert, as the rollout tokenises them
+    without a chat template (each map and a newline; each earlier move followed by `eos` as text).
+
+    Each turn the expert takes a shortest path's move, or with probability `epsilon` a uniformly random one; the
+    row's answer is the move taken, so the warm start imitates the noise too and leaves RL room to improve.
+    """
+    rows = []
+    env = FrozenLakeEnv(random_map=True, max_turns=max_turns)
+    for seed in seeds:
+        rng = random.Random(seed)
+        observation, _ = env.reset(seed)
+        prompt = observation + "\n"
+        for _ in range(max_turns):
+            best = env.best_move()
+            move = rng.choice("LDRU") if rng.random() < epsilon or not best else best
+            rows.append({"prompt": prompt, "answer": move})
+            observation, _, terminated, truncated, _ = env.step(move)
+            if terminated or truncated:
+                break
+            prompt += f"{move}{eos}{observation}\n"
+    return rows

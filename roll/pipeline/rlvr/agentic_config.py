@@ -32,12 +32,17 @@ class EnvArguments:
     max_observation_tokens: int = field(default=32, metadata=check(ge=1))
     # The episode's score for GRPO/RLOO: the sum of its turn rewards, or the last turn's.
     trajectory_score: Literal["sum", "last"] = "sum"
+    # GAE and REINFORCE++: the discount from one turn to the next (algorithm.gamma still discounts per token).
+    turn_gamma: float = field(default=1.0, metadata=check(ge=0, le=1))
     eval_episodes: int = field(default=64, metadata=check(ge=1))
     # Held-out seeds are eval_seed_offset + 0..eval_episodes-1; training seeds count up from 0 and stay below it.
     eval_seed_offset: int = field(default=1_000_000_000, metadata=check(ge=1))
     apply_chat_template: bool = False
     timeout_s: float = field(default=30.0, metadata=check(gt=0))
     max_concurrency: int = field(default=8, metadata=check(ge=1))
+    # 0: the environments run in the driver (cheap games). N: they are spread over N CPU Ray actors, the env
+    # role (roll/pipeline/rlvr/env_workers.py), each calling its environments with max_concurrency threads.
+    num_env_workers: int = field(default=0, metadata=check(ge=0))
 
     def validate(self, max_new_tokens: int) -> None:
         """The environment resolves and the trajectory budget holds one turn; ConfigError naming the field."""

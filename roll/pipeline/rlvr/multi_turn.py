@@ -9,10 +9,11 @@ the rest of the RLVR step reads from a single-turn rollout:
   right-padded to `env.max_trajectory_tokens`;
 - `response_mask`: the loss mask, 1 exactly on sampled tokens; `attention_mask`: 1 on every real token;
 - `scores` (sum or last of the turn rewards), `turn_rewards` (each turn's reward on its last sampled token),
+  `turn_discounts` (`env.turn_gamma` on each turn's last sampled token, 1 elsewhere: the discount to the next turn),
   `truncated`, `reward_failed` (zeros), and `engine_log_probs` (0 on environment tokens) when asked for.
 
-The environments run in the driver (`EnvManager`, threads with a timeout); an env role of Ray actors is
-later work.
+The environments run in the driver (`EnvManager`, threads with a timeout) or, with `env.num_env_workers`, in
+CPU Ray actors (`EnvWorkers`, the env role), which answer the same calls.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from roll.envs.protocol import ENV_ERROR, INVALID_ACTION, OBSERVATION_ROLE, SUCC
 from roll.envs.registry import make_env
 from roll.pipeline.base.rl_workers import WITH_ENGINE_LOG_PROBS
 from roll.pipeline.rlvr.agentic_config import EnvArguments
+from roll.pipeline.rlvr.env_workers import EnvWorkers
 from roll.pipeline.rlvr.observations import ObservationEncoder
 
 # generate(request, generating_args) -> a rollout batch (`responses`, `response_mask`, maybe `engine_log_probs`).
@@ -85,16 +87,20 @@ class MultiTurnRollout:
         self.pad_id = pad_id
         self.with_engine_log_probs = with_engine_log_probs
         self.encoder = ObservationEncoder(tokenizer, env.apply_chat_template)
-        self._managers: dict[int, EnvManager] = {}
+        self._managers: dict[int, EnvManager | EnvWorkers] = {}
 
-    def _manager(self, num_envs: int) -> EnvManager:
+    def _manager(self, num_envs: int) -> EnvManager | EnvWorkers:
         """The environments of a batch of `num_envs` episodes: built on first use, kept for the next batches
         (each episode resets its slot; a slot whose environment failed is rebuilt)."""
         manager = self._managers.get(num_envs)
         if manager is None:
             env = self.env
-            factory = lambda: make_env(env.name, env.kwargs, "env.name")  # noqa: E731
-            manager = self._managers[num_envs] = EnvManager(factory, num_envs, env.max_concurrency, env.timeout_s)
+            if env.num_env_workers:
+                manager = EnvWorkers(env, num_envs)
+            else:
+                factory = lambda: make_env(env.name, env.kwargs, "env.name")  # noqa: E731
+                manager = EnvManager(factory, num_envs, env.max_concurrency, env.timeout_s)
+            self._managers[num_envs] = manager
         return manager
 
     def close(self) -> None:
@@ -212,6 +218,7 @@ class MultiTurnRollout:
         response_mask = torch.zeros((rows, width), dtype=torch.long)
         attended = torch.zeros((rows, width), dtype=torch.long)
         turn_rewards = torch.zeros((rows, width), dtype=torch.float32)
+        turn_discounts = torch.ones((rows, width), dtype=torch.float32)
         log_probs = torch.zeros((rows, width), dtype=torch.float32)
         scores = torch.zeros(rows, dtype=torch.float32)
         for i, e in enumerate(episodes):
@@ -226,13 +233,15 @@ class MultiTurnRollout:
                 log_probs[i, :r] = torch.tensor(e.log_probs)
             for position, reward in e.turn_rewards:
                 turn_rewards[i, position] += reward
+                turn_discounts[i, position] = self.env.turn_gamma
             rewards = [reward for _, reward in e.turn_rewards]
             scores[i] = (sum(rewards) if self.env.trajectory_score == "sum" else rewards[-1]) if rewards else 0.0
         input_ids, attention_mask = torch.cat([prompts, responses], 1), torch.cat([prompt_mask, attended], 1)
         sequences = {"input_ids": input_ids, "attention_mask": attention_mask}
         tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask, **sequences}
         tensors["truncated"] = torch.tensor([e.truncated for e in episodes])
-        tensors |= {"scores": scores, "turn_rewards": turn_rewards, "reward_failed": torch.zeros(rows)}
+        tensors |= {"scores": scores, "turn_rewards": turn_rewards, "turn_discounts": turn_discounts}
+        tensors["reward_failed"] = torch.zeros(rows)
         if self.with_engine_log_probs:
             tensors["engine_log_probs"] = log_probs
         non_tensors = {

@@ -40,7 +40,8 @@ def compute_advantages(
     """Add `token_rewards`, `advantages` and `returns` to `batch`; return it with reward/KL metrics.
 
     Token rewards: the score (times `score_weight`) on the last response token (multi-turn episodes under gae
-    or reinforce_plus_plus: their `turn_rewards` instead, each turn's on its last sampled token), minus the KL
+    or reinforce_plus_plus: their `turn_rewards` instead, each turn's on its last sampled token, discounted
+    by `algorithm.gamma` per token and their `turn_discounts` between turns), minus the KL
     penalty to the reference per token, plus the teacher's per-token signal when the batch holds `teacher_log_probs`.
     """
     data = batch.batch
@@ -49,9 +50,12 @@ def compute_advantages(
     if algorithm.reward_clip is not None:
         scores = reward_shaping.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
     token_rewards = outcome_token_rewards(algorithm.score_weight * scores, mask)
+    gamma: float | torch.Tensor = algorithm.gamma
     if "turn_rewards" in data and algorithm.adv_estimator in TOKEN_LEVEL_ESTIMATORS:
-        # Multi-turn: each turn's reward on its last sampled token, for estimators that credit tokens one by one.
+        # Multi-turn: each turn's reward on its last sampled token, for estimators that credit tokens one by one,
+        # and env.turn_gamma from a turn's last sampled token to the next turn's first.
         token_rewards = algorithm.score_weight * data["turn_rewards"].float()
+        gamma = algorithm.gamma * data["turn_discounts"].float()
         if algorithm.reward_clip is not None:
             token_rewards = token_rewards.clamp(-algorithm.reward_clip, algorithm.reward_clip)
     metrics: dict[str, float] = {}
@@ -78,7 +82,7 @@ def compute_advantages(
         mask,
         values=data.get("values"),
         group_index=group_index,
-        gamma=algorithm.gamma,
+        gamma=gamma,
         lam=algorithm.lam,
         **extra,
     )
