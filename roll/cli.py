@@ -1,5 +1,5 @@
-"""Console entry points of the package: `roll-rlvr`, `roll-sft`, `roll-dpo`, `roll-rm`, `roll-distill`, and
-`roll-cluster-check`.
+"""Console entry points of the package: `roll-rlvr`, `roll-sft`, `roll-dpo`, `roll-rm`, `roll-distill`,
+`roll-reward-fl` and `roll-cluster-check`.
 
 Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
 `--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
@@ -24,6 +24,8 @@ from roll.pipeline.base.entry import run_pipeline
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
+from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
+from roll.pipeline.diffusion.reward_fl_pipeline import RewardFLPipeline
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.distill.distill_pipeline import DistillPipeline
 from roll.pipeline.dpo.dpo_config import DPOConfig
@@ -52,6 +54,7 @@ ENTRIES = {
     "dpo": Entry(DPOConfig, DPOPipeline, "dpo_arithmetic"),
     "rm": Entry(RMConfig, RMPipeline, "rm_arithmetic"),
     "distill": Entry(DistillConfig, DistillPipeline, "distill_arithmetic"),
+    "reward_fl": Entry(RewardFLConfig, RewardFLPipeline, "reward_fl_shapes"),
     "cluster_check": Entry(ClusterCheckConfig, ClusterCheckPipeline, "cluster_check"),
 }
 
@@ -108,6 +111,11 @@ def rm() -> None:
 def distill() -> None:
     """`roll-distill`: offline knowledge distillation, by default of the main job's policy into a smaller tiny model."""
     run_entry("distill")
+
+
+def reward_fl() -> None:
+    """`roll-reward-fl`: Reward FL of a diffusion model, by default the tiny model's shapes turned red on CPU."""
+    run_entry("reward_fl")
 
 
 def cluster_check() -> None:

@@ -51,7 +51,11 @@ def dry_run_report(config: PipelineConfig, nodes: list[NodeResources] | None = N
     for name, role in config.roles().items():
         if not issubclass(resolve_worker_cls(role.worker_cls), StrategyWorker):
             continue  # e.g. reward workers: no model of their own
-        estimate = _estimate(config, plan, name, role)
+        try:
+            estimate = _estimate(config, plan, name, role)
+        except (ValueError, OSError) as exc:  # a model it cannot count (MoE, a diffusion model), as for the nodes
+            lines.append(f"{name}: no memory estimate ({exc})")
+            continue
         if estimate is None:
             continue
         lines += estimate.lines()

@@ -1,0 +1,165 @@
+"""Config of the Reward FL pipeline: the trained diffusion model, its sampling, the reward and the warm start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from roll.configs.output_dirs import check_writable
+from roll.configs.schema import ConfigError, Rule, any_value, check, checked_in_validate
+from roll.configs.worker_config import WorkerConfig
+from roll.models.diffusion.parts import TRAINABLE_PARTS, check_diffusion_dir
+from roll.models.diffusion.tiny_diffusion import TINY_DIFFUSION_SCHEME, parse_tiny_diffusion
+from roll.pipeline.base.pipeline_config import EXP_NAME
+from roll.pipeline.base.training_config import TrainingRunConfig
+from roll.pipeline.diffusion.sampling import SamplingArguments
+from roll.pipeline.diffusion.shapes import all_prompts
+from roll.pipeline.diffusion.warm_start import WarmStartArguments
+from roll.rewards.image_rewards import image_reward_class
+
+NAME = check(pattern=r"[\w.]+", expect="a built-in reward name or a dotted path")
+
+
+@dataclass
+class RewardArguments:
+    """The image reward (`roll.rewards.image_rewards`): a built-in name or an `ImageReward` subclass's dotted path,
+    built with `kwargs`."""
+
+    name: str = field(default="redness", metadata=NAME)
+    kwargs: dict[str, Any] = field(default_factory=dict, metadata=any_value("the reward class's own arguments"))
+
+
+@dataclass
+class ShapesDataArguments:
+    """The prompts of the demonstration (`shapes`): which are held out, and how many images each is sampled."""
+
+    held_out_prompts: int = field(default=6, metadata=check(ge=1, le=len(all_prompts()) - 1))
+    # Images sampled per held-out prompt at each evaluation (the same noise every time).
+    eval_images_per_prompt: int = field(default=4, metadata=check(ge=1))
+
+
+@dataclass
+class RewardFLConfig(TrainingRunConfig):
+    """Reward feedback learning: `actor` (a diffusers text-to-image model under a training strategy) samples images
+    from prompts, a differentiable reward scores them, and the reward's gradient flows back through the last
+    `sampling.grad_steps` denoising steps into `trainable_models`; `regulariser_weight` x the distance of the
+    trained from the frozen noise prediction keeps the images near the start."""
+
+    exp_name: str = field(default="reward_fl", metadata=check(EXP_NAME))
+    # reward_fl back-propagates the reward; policy_gradient (Flow-GRPO style, for rewards without a gradient) is
+    # not built yet.
+    algorithm: Literal["reward_fl", "policy_gradient"] = "reward_fl"
+    trainable_models: list[str] = field(
+        default_factory=lambda: ["unet"],
+        metadata=check(nonempty=True, items=Rule(choices=TRAINABLE_PARTS), expect="unet and/or text_encoder"),
+    )
+    sampling: SamplingArguments = field(default_factory=SamplingArguments)
+    reward: RewardArguments = field(default_factory=RewardArguments)
+    regulariser_weight: float = field(default=1.0, metadata=check(ge=0, hint="0 trains on the reward alone"))
+    warm_start: WarmStartArguments = field(default_factory=WarmStartArguments)
+    data: ShapesDataArguments = field(default_factory=ShapesDataArguments)  # type: ignore[assignment]
+    max_response_length: int = field(default=8, metadata=checked_in_validate("images have no response tokens", 9))
+    actor: WorkerConfig = field(default_factory=WorkerConfig)
+
+    def sequence_lengths(self) -> tuple[int, int, int | None]:
+        """Images have no token sequences: the dry run estimates model states only."""
+        return 0, 0, None
+
+    def batch_plan(self) -> list[str]:
+        """One step's arithmetic: prompts per rank, micro-batches, denoising steps with and without gradient."""
+        actor, args, sampling = self.actor, self.actor.training_args, self.sampling
+        return [
+            f"actor: {self.batch_size} prompts per optimizer step = {actor.dp_size} rank(s) x micro-batches of "
+            f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation; one image each "
+            f"in {sampling.num_inference_steps} denoising steps, the last {sampling.grad_steps} with gradient; "
+            f"{self.max_steps} steps"
+        ]
+
+    def validate(self) -> None:
+        """The algorithm, the reward, the sampling window, the model (or its warm start), one step's rows, the data
+        split and the checkpoint to resume from."""
+        if self.algorithm == "policy_gradient":
+            raise ConfigError(
+                "algorithm=policy_gradient (Flow-GRPO style) is not built yet: use algorithm=reward_fl with a "
+                "differentiable reward"
+            )
+        self.check_reward()
+        if self.max_response_length != 8:
+            raise ConfigError(f"max_response_length={self.max_response_length} does not apply to images; remove it")
+        super().validate()
+        actor = self.actor
+        self.check_trains("actor", actor)
+        args = actor.training_args
+        step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * actor.dp_size
+        if self.batch_size != step_rows:
+            raise ConfigError(
+                f"batch_size={self.batch_size} must equal actor per_device_train_batch_size x "
+                f"gradient_accumulation_steps x dp size = {step_rows}"
+            )
+        sampling = self.sampling
+        if sampling.grad_steps > sampling.num_inference_steps:
+            raise ConfigError(
+                f"sampling.grad_steps={sampling.grad_steps} is more than sampling.num_inference_steps="
+                f"{sampling.num_inference_steps}; lower grad_steps"
+            )
+        if sampling.min_timestep >= sampling.max_timestep:
+            raise ConfigError(
+                f"sampling.min_timestep={sampling.min_timestep} must be below sampling.max_timestep="
+                f"{sampling.max_timestep}"
+            )
+        if self.actor.model_args.lora_rank > 0 and "unet" not in self.trainable_models:
+            raise ConfigError(
+                "actor.model_args.lora_rank > 0 adapts the UNet, which trainable_models does not list; add unet "
+                "or set lora_rank=0"
+            )
+        self.check_model()
+        train_prompts = len(all_prompts()) - self.data.held_out_prompts
+        if self.batch_size > train_prompts:
+            raise ConfigError(
+                f"batch_size={self.batch_size} is more than the {train_prompts} training prompts; lower batch_size "
+                "or data.held_out_prompts"
+            )
+        self.check_resume()
+
+    def check_reward(self) -> None:
+        """The reward exists and has a gradient (Reward FL back-propagates it)."""
+        try:
+            reward = image_reward_class(self.reward.name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if not reward.differentiable:
+            raise ConfigError(
+                f"reward.name={self.reward.name!r} is not differentiable, and Reward FL back-propagates the reward "
+                "through the denoising steps: choose a differentiable reward, or algorithm=policy_gradient "
+                "(Flow-GRPO style, which needs no gradient; not built yet)"
+            )
+
+    def check_model(self) -> None:
+        """The actor's model exists, or the warm start will write it there from a base model that exists."""
+        field_name, path = "actor.model_args.model_name_or_path", self.actor.model_args.model_name_or_path
+        warm = self.warm_start
+        if warm.base_model:
+            if not warm.output_dir or Path(warm.output_dir).resolve() != Path(path).resolve():
+                raise ConfigError(
+                    f"warm_start.output_dir={warm.output_dir!r} must be {field_name}={path!r}, the model the warm "
+                    "start writes and Reward FL trains; set both to one directory"
+                )
+            check_writable("warm_start.output_dir", warm.output_dir)
+            field_name, path = "warm_start.base_model", warm.base_model
+        if path.startswith(TINY_DIFFUSION_SCHEME):
+            try:
+                parse_tiny_diffusion(path)
+            except ValueError as exc:
+                raise ConfigError(f"{field_name}: {exc}") from exc
+            return
+        if not path or not Path(path).is_dir():
+            raise ConfigError(
+                f"{field_name}={path!r} is not a directory: give a diffusers text-to-image directory or a "
+                "tiny-diffusion:// reference"
+            )
+        missing = check_diffusion_dir(path)
+        if missing:
+            raise ConfigError(
+                f"{field_name}={path!r} is not a diffusers text-to-image directory: it has no {', '.join(missing)}/"
+            )

@@ -1,0 +1,62 @@
+"""The demonstration data: prompts about small coloured shapes, and their images drawn on the fly.
+
+"a blue circle" is a blue disc on a black background at a random place and size. The warm start learns to
+draw them; Reward FL then samples from the prompts alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import torch
+
+COLOURS: dict[str, tuple[float, float, float]] = {
+    "red": (1.0, 0.1, 0.1),
+    "green": (0.1, 0.9, 0.1),
+    "blue": (0.15, 0.25, 1.0),
+    "yellow": (1.0, 0.9, 0.1),
+    "cyan": (0.1, 0.9, 0.9),
+    "magenta": (0.9, 0.1, 0.9),
+    "white": (1.0, 1.0, 1.0),
+    "orange": (1.0, 0.55, 0.1),
+}
+SHAPES = ("circle", "square", "triangle")
+
+
+def all_prompts() -> list[str]:
+    """Every prompt of the demonstration, colour by colour."""
+    return [f"a {colour} {shape}" for colour, shape in itertools.product(COLOURS, SHAPES)]
+
+
+def prompt_splits(held_out: int) -> tuple[list[str], list[str]]:
+    """(training prompts, held-out prompts): every k-th prompt is held out, `held_out` of them, so each colour and
+    shape appears on both sides when there are enough."""
+    prompts = all_prompts()
+    if not 0 < held_out < len(prompts):
+        raise ValueError(f"held_out={held_out} must be between 1 and {len(prompts) - 1} (of {len(prompts)} prompts)")
+    stride = len(prompts) / held_out
+    chosen = {int(i * stride + stride / 2) for i in range(held_out)}
+    return [p for i, p in enumerate(prompts) if i not in chosen], [p for i, p in enumerate(prompts) if i in chosen]
+
+
+def draw(prompt: str, size: int, rng: random.Random) -> torch.Tensor:
+    """The image of `prompt` ("a <colour> <shape>") `[3, size, size]` in [0, 1]: the shape on black, placed and
+    sized by `rng`."""
+    _, colour, shape = prompt.split()
+    radius = rng.uniform(size / 6, size / 3)
+    cx, cy = rng.uniform(radius, size - radius), rng.uniform(radius, size - radius)
+    ys, xs = torch.meshgrid(torch.arange(size) + 0.5, torch.arange(size) + 0.5, indexing="ij")
+    dx, dy = xs - cx, ys - cy
+    if shape == "circle":
+        inside = dx**2 + dy**2 <= radius**2
+    elif shape == "square":
+        inside = (dx.abs() <= radius * 0.85) & (dy.abs() <= radius * 0.85)
+    else:  # a triangle pointing up: below the two slanted edges, above the base
+        inside = (dy <= radius * 0.8) & (dy >= -radius + 2 * dx.abs())
+    return torch.tensor(COLOURS[colour]).view(3, 1, 1) * inside.float()
+
+
+def draw_batch(prompts: list[str], size: int, rng: random.Random) -> torch.Tensor:
+    """Images of `prompts` `[B, 3, size, size]` in [0, 1]."""
+    return torch.stack([draw(prompt, size, rng) for prompt in prompts])
