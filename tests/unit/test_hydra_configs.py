@@ -20,6 +20,7 @@ from roll.envs.builtin.frozen_lake import noisy_expert_rows
 from roll.envs.builtin.guess_number import bisection_rows
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
+from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
 from roll.pipeline.distill.distill_config import DistillConfig
 from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
@@ -55,6 +56,7 @@ PIPELINE_SCHEMAS = {
     "sft_calculator": SFTConfig,
     "agentic_frozen_lake": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
+    "reward_fl_shapes": RewardFLConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -63,6 +65,7 @@ SCHEMA_NODES = {
     "dpo": DPOConfig,
     "rm": RMConfig,
     "distill": DistillConfig,
+    "reward_fl": RewardFLConfig,
 }
 
 
