@@ -53,3 +53,44 @@ def test_two_steps_of_episodes_train_checkpoint_and_resume(ray_session: None, tm
     assert [row["step"] for row in resumed] == [0, 1, 2]
     for key in ("rollout/success", "rollout/turns_mean", "rollout/response_length_mean", "actor/loss"):
         assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-6, abs=1e-9), key
+
+
+def test_episodes_played_during_the_previous_update_by_env_workers(ray_session: None, tmp_path: Path) -> None:
+    """async_generation_ratio=1 with env: each step's episodes are played (in a driver thread, the environments
+    in two env-worker actors) while the previous step trains, by weights at most one version old."""
+    rows = run(
+        tmp_path,
+        "max_steps=3",
+        "eval_steps=3",
+        "async_generation_ratio=1",
+        "algorithm.tis_cap=2.0",
+        "actor_infer.device_mapping=1",
+        "devices_per_node=2",
+        "env.num_env_workers=2",
+    )
+    steps = rows[1:]
+    assert [row["rollout/staleness_max"] for row in steps] == [0.0, 1.0, 1.0]
+    for row in steps:
+        assert 1 <= row["rollout/turns_mean"] <= 5 and row["rollout/env_errors"] == 0
+        assert 0 < row["actor/tis_weight_mean"] <= 2.0
+    assert 0 <= rows[-1]["val/accuracy"] <= 1
+
+
+def test_frozen_lake_trains_actor_and_critic_with_gae(ray_session: None, tmp_path: Path) -> None:
+    """The frozen_lake recipe's GAE path: per-turn rewards and turn discounts reach a critic that trains."""
+    tiny = "'tiny://qwen2?hidden_size=64&num_heads=2&num_kv_heads=1&num_layers=1'"
+    overrides = [
+        *[o for o in FAST if not o.startswith(("pretrain", "save_steps"))],
+        f"pretrain={tiny}",
+        "max_steps=1",
+        "eval_steps=1",
+        "critic.device_mapping=0",
+        "critic.training_args.per_device_train_batch_size=16",
+        "critic.training_args.gradient_accumulation_steps=1",
+        f"output_dir={tmp_path}",
+    ]
+    config: RLVRConfig = load_config("agentic_frozen_lake", overrides)
+    rows = run_pipeline(RLVRPipeline, config)[1]
+    step = rows[1]
+    assert step["critic/grad_norm"] > 0 and step["actor/grad_norm"] > 0
+    assert 1 <= step["rollout/turns_mean"] <= 10 and step["rollout/env_errors"] == 0

@@ -164,6 +164,7 @@ def fake_pipeline(k: int, max_steps: int, log: list[str]) -> RLVRPipeline:
     pipeline.weight_syncer = SimpleNamespace(sync=sync)
     pipeline.sampler, pipeline.pad_id, pipeline.log_prob_temperature = FakeSampler(), 0, 1.0
     pipeline.weights_stale, pipeline.versions, pipeline.in_flight = False, PolicyVersions(k), None
+    pipeline.env_rollouts = None
     return pipeline
 
 

@@ -49,3 +49,11 @@ def test_the_gpu_recipe_plans_on_a_cpu_machine_from_a_spec_of_its_model() -> Non
     assert "actor_train rank 7: node 0, devices [7]" in text and "actor_infer (vllm, 8 ranks)" in text
     # ZeRO-3 over 8 ranks: a rank holds 1/8 of the fp32 Adam states of ~0.5B parameters (~0.33 GiB).
     assert "Adam m+v 0.3" in text
+
+
+def test_an_agentic_run_plans_its_episodes_turn_budget_and_env_role() -> None:
+    text = "\n".join(report("agentic_frozen_lake", "pretrain=tiny://qwen2", "env.num_env_workers=3"))
+    assert "rollout: 16 seeds x 8 episodes = 128 samples per step" in text
+    assert "128 episodes per step of up to 10 turns; each turn samples <= 2 tokens, an observation <= 32" in text
+    assert "<= 256 response tokens per episode" in text and "in 3 env-worker actor(s)" in text
+    assert "critic (deepspeed_train, 2 ranks)" in text

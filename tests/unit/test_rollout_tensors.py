@@ -137,3 +137,16 @@ def test_log_probs_are_taken_at_the_batch_log_prob_temperature(temperature: floa
     worker = SimpleNamespace(strategy=_FixedLogitsStrategy(), compute_seconds=0.0)
     log_probs = ActorWorker.compute_log_probs(worker, batch).batch["log_probs"]
     torch.testing.assert_close(log_probs, torch.full((1, 2), math.log(p_token1)))
+
+
+def test_held_out_answers_that_are_not_mathematics_score_by_exact_match() -> None:
+    tokenizer = build_char_tokenizer()
+    texts, answers = ["D", "<calc 12*34>", "L", " 408"], ["D", "<calc 12*34>", "R", "408"]
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for text in texts]
+    width = max(map(len, rows))
+    responses = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    batch = DataProto.from_dict(
+        tensors={"responses": responses, "response_mask": mask}, non_tensors={"answer": np.array(answers, dtype=object)}
+    )
+    assert answer_scorer(tokenizer)(batch).tolist() == [1.0, 1.0, 0.0, 1.0]

@@ -18,12 +18,18 @@ Scorer = Callable[[DataProto], torch.Tensor]
 
 
 def answer_scorer(tokenizer: PreTrainedTokenizerBase) -> Scorer:
-    """Scores each generated row 1 when its decoded response states the row's `answer` (math_reward), else 0."""
+    """Scores each generated row 1 when its decoded response is the row's `answer` (stripped), or states it as
+    math_reward reads answers; else 0. The first covers answers that are not mathematics (a move, a tool call)."""
 
     def score(batch: DataProto) -> torch.Tensor:
         texts = response_texts(tokenizer, batch)
         answers = batch.non_tensor_batch["answer"]
-        return torch.tensor([math_reward("", text, answer) for text, answer in zip(texts, answers, strict=True)])
+        return torch.tensor(
+            [
+                1.0 if text.strip() == str(answer).strip() else math_reward("", text, answer)
+                for text, answer in zip(texts, answers, strict=True)
+            ]
+        )
 
     return score
 

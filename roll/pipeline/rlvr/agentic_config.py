@@ -44,6 +44,21 @@ class EnvArguments:
     # role (roll/pipeline/rlvr/env_workers.py), each calling its environments with max_concurrency threads.
     num_env_workers: int = field(default=0, metadata=check(ge=0))
 
+    def describe(self, episodes: int, max_new_tokens: int) -> list[str]:
+        """The dry run's lines: the turn and token budgets of a step's `episodes`, and where the environments run."""
+        where = (
+            "in the driver"
+            if not self.num_env_workers
+            else f"in {min(self.num_env_workers, episodes)} env-worker actor(s) (num_cpus=0)"
+        )
+        return [
+            f"env {self.name}: {episodes} episodes per step of up to {self.max_turns} turns; each turn samples <= "
+            f"{max_new_tokens} tokens, an observation <= {self.max_observation_tokens}; "
+            f"<= {self.max_trajectory_tokens} response tokens per episode",
+            f"env {self.name}: environments {where}, {self.max_concurrency} calls at once, "
+            f"{self.timeout_s:g} s per call; {self.eval_episodes} held-out seeds from {self.eval_seed_offset}",
+        ]
+
     def validate(self, max_new_tokens: int) -> None:
         """The environment resolves and the trajectory budget holds one turn; ConfigError naming the field."""
         try:

@@ -3,13 +3,16 @@
 With `async_generation_ratio` k >= 1 the driver starts generating the next batch before it trains
 on the current one, so a batch may have been sampled by a policy some updates older than the one
 it updates. `PolicyVersions` counts the versions (one per actor update) and refuses a batch older
-than k; `InFlightRollout` is the generation call still running, with what resuming needs.
+than k; `InFlightRollout` is the generation call still running, with what resuming needs: an actor_infer
+call for prompts, or a `BackgroundCall` of the driver playing environment episodes turn by turn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,6 +21,26 @@ from roll.distributed.scheduler.protocol import DataProto
 
 # non_tensor_batch key: the policy version (actor updates applied) of the weights that sampled each row.
 POLICY_VERSION = "policy_version"
+
+
+class PendingBatch(Protocol):
+    """A batch being generated: `get()` waits for it."""
+
+    def get(self) -> DataProto: ...
+
+
+class BackgroundCall:
+    """`call()` running in a thread of the driver (multi-turn episodes, which step environments between
+    generate calls); `get()` waits for its result or raises its exception."""
+
+    def __init__(self, call: Callable[[], DataProto], name: str = "roll-episodes") -> None:
+        executor = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._future = executor.submit(call)
+        executor.shutdown(wait=False)
+
+    def get(self) -> DataProto:
+        """The call's result, once it has returned."""
+        return self._future.result()
 
 
 @dataclass
@@ -62,7 +85,7 @@ class InFlightRollout:
     """
 
     step: int
-    future: ClusterFuture
+    future: ClusterFuture | PendingBatch
     sampler_state: dict[str, Any]
     version: int
     _result: DataProto | None = field(default=None, init=False)

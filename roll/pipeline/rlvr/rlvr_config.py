@@ -163,8 +163,9 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         """One RL step's arithmetic: prompts -> samples -> each role's shards, micro-batches and optimizer steps."""
         samples = self.rollout_batch_size * self.actor_infer.generating_args.num_return_sequences
         infer = self.actor_infer
+        unit, sample = ("seeds", "episodes") if self.env is not None else ("prompts", "samples")
         lines = [
-            f"rollout: {self.rollout_batch_size} prompts x {infer.generating_args.num_return_sequences} samples "
+            f"rollout: {self.rollout_batch_size} {unit} x {infer.generating_args.num_return_sequences} {sample} "
             f"= {samples} samples per step",
             f"actor_infer: {self.rollout_batch_size // infer.dp_size} prompts per rank on {infer.dp_size} rank(s)",
         ]
@@ -189,7 +190,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
                     f"({-(-shard // role.infer_batch_size)} per rank)"
                 )
         if self.env is not None:
-            lines.append(f"env {self.env.name}: up to {self.env.max_turns} turns per episode, in the driver")
+            lines += self.env.describe(samples, infer.generating_args.max_new_tokens)
         for key, reward in self.reward_clusters().items():
             lines.append(f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)")
         return lines
@@ -365,11 +366,6 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         k = self.async_generation_ratio
         if not k:
             return
-        if self.env is not None:
-            raise ConfigError(
-                f"async_generation_ratio={k}: episodes of env are played in step (overlapping them is later work); "
-                "set async_generation_ratio=0"
-            )
         infer, roles = set(self.actor_infer.devices), self.trainer_side_roles()
         used = {d for role in roles.values() for d in role.devices}
         for name, role in roles.items():

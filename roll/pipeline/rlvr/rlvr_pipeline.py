@@ -25,7 +25,7 @@ from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.rl_workers import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
 from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.rlvr import phases, step_plan
-from roll.pipeline.rlvr.async_generation import InFlightRollout, PolicyVersions
+from roll.pipeline.rlvr.async_generation import BackgroundCall, InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rlvr.rollout import (
@@ -39,6 +39,9 @@ from roll.pipeline.rlvr.rollout import (
 from roll.utils.tracking import show_progress
 
 logger = logging.getLogger(__name__)
+
+# meta_info key of an episode batch: the rollout's metrics (success, turns, tool use), logged with its step.
+EPISODE_METRICS = "episode_metrics"
 
 
 class RLVRPipeline(BasePipeline):
@@ -147,11 +150,23 @@ class RLVRPipeline(BasePipeline):
         return batch
 
     def _launch(self, step: int) -> InFlightRollout:
-        """Start generating `step`'s batch with actor_infer's current weights (non-blocking)."""
+        """Start generating `step`'s batch with actor_infer's current weights (non-blocking): its prompts, or
+        (with `env`) its episodes, played in a thread of the driver."""
         sampler_state = self.sampler.state_dict()
-        prompts, generating_args = self._generation_request(step)
-        future = self.clusters["actor_infer"].generate(prompts, generating_args, blocking=False)
+        if self.env_rollouts is not None:
+            seeds = self.sampler.next_batch()
+            future = BackgroundCall(lambda: self._episodes(seeds, step))
+        else:
+            prompts, generating_args = self._generation_request(step)
+            future = self.clusters["actor_infer"].generate(prompts, generating_args, blocking=False)
         return InFlightRollout(step, future, sampler_state, self.versions.served)
+
+    def _generate_now(self, step: int) -> DataProto:
+        """`step`'s batch generated with actor_infer's current weights, waited for."""
+        if self.env_rollouts is not None:
+            return self._episodes(self.sampler.next_batch(), step)
+        prompts, generating_args = self._generation_request(step)
+        return self.clusters["actor_infer"].generate(prompts, generating_args)
 
     def _rollout(self, step: int, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
         """`step`'s generated batch; its weight sync and generation times go to `metrics` and `timings`.
@@ -163,8 +178,7 @@ class RLVRPipeline(BasePipeline):
         if not self.config.async_generation_ratio:
             metrics.update(self.sync_weights())
             with self.residency.timed(phases.GENERATE, timings):
-                prompts, generating_args = self._generation_request(step)
-                return self._as_rollout(self.clusters["actor_infer"].generate(prompts, generating_args))
+                return self._as_rollout(self._generate_now(step))
         if self.in_flight is None:  # the first step, or the first after a resume
             metrics.update(self.sync_weights())
             self.in_flight = self._launch(step)
@@ -350,20 +364,24 @@ class RLVRPipeline(BasePipeline):
 
     # ---- evaluation, checkpoints, the loop -------------------------------------------------
 
+    def _episodes(self, seeds: list[int], step: int) -> DataProto:
+        """Episodes of `seeds` (each played by a group) through actor_infer; their metrics in `meta_info`."""
+        assert self.env_rollouts is not None
+        n = self.config.actor_infer.generating_args.num_return_sequences
+        batch, episode_metrics = self.env_rollouts.train_batch(
+            self.clusters["actor_infer"], seeds, n, self.config.seed + step
+        )
+        batch.meta_info[EPISODE_METRICS] = episode_metrics
+        return batch
+
     def play_episodes(self, step: int, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
-        """`step`'s batch of environment episodes (groups share their seed), scored by the environment; logs
-        the rollout's metrics and a few decoded episodes."""
-        assert self.env_rollouts is not None and self.config.env is not None
-        metrics.update(self.sync_weights())
-        with self.residency.timed(phases.GENERATE, timings):
-            n = self.config.actor_infer.generating_args.num_return_sequences
-            batch, episode_metrics = self.env_rollouts.train_batch(
-                self.clusters["actor_infer"], self.sampler.next_batch(), n, self.config.seed + step
-            )
-        batch = self._as_rollout(batch)
+        """`step`'s batch of environment episodes (groups share their seed; played during the previous step when
+        generation is overlapped), scored by the environment; logs the rollout's metrics and a few episodes."""
+        assert self.config.env is not None
+        batch = self._rollout(step, metrics, timings)
         budget = self.config.env.max_trajectory_tokens
         batch.meta_info[MAX_RESPONSE_LENGTH] = budget
-        metrics.update(episode_metrics)
+        metrics.update(batch.meta_info.pop(EPISODE_METRICS))
         metrics.update(self._rollout_metrics(batch))
         self._log_samples(batch, step)
         if self.config.algorithm.overlong_buffer_len is not None:
