@@ -18,9 +18,10 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.diffusion.parts import encode_prompts, load_diffusion_parts
 from roll.pipeline.diffusion.diffusion_worker import RewardFLSettings, RewardFLWorker
+from roll.pipeline.diffusion.prompts import prompt_splits
 from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
 from roll.pipeline.diffusion.reward_fl_pipeline import RewardFLPipeline
-from roll.pipeline.diffusion.shapes import prompt_splits
+from roll.pipeline.diffusion.shapes import all_prompts
 from roll.platforms import get_platform
 from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
@@ -85,7 +86,7 @@ def start_actor(manager: ResourceManager, config: RewardFLConfig) -> Cluster:
 
 def prompts_batch(count: int) -> DataProto:
     tokenizer = load_diffusion_parts(TINY).tokenizer
-    return DataProto.from_dict(tensors=encode_prompts(tokenizer, prompt_splits(2)[0][:count]))
+    return DataProto.from_dict(tensors=encode_prompts(tokenizer, prompt_splits(all_prompts(), 2)[0][:count]))
 
 
 def test_zero_stages_give_the_same_first_step_loss(manager: ResourceManager, tmp_path: Path) -> None:

@@ -17,16 +17,17 @@ from roll.configs.hydra_defaults import dataclass_in
 from roll.configs.loader import load_pipeline_config
 from roll.configs.schema import ConfigError, field_rule
 from roll.pipeline.diffusion.image_grid import image_grid
-from roll.pipeline.diffusion.reward_fl_config import RewardArguments, RewardFLConfig, ShapesDataArguments
+from roll.pipeline.diffusion.prompts import PromptDataArguments, load_prompts, prompt_splits
+from roll.pipeline.diffusion.reward_fl_config import RewardArguments, RewardFLConfig
 from roll.pipeline.diffusion.sampling import SamplingArguments
-from roll.pipeline.diffusion.shapes import COLOURS, all_prompts, draw, prompt_splits
+from roll.pipeline.diffusion.shapes import COLOURS, all_prompts, draw
 from roll.pipeline.diffusion.warm_start import WarmStartArguments, run_warm_start, warm_start_done
 from roll.rewards.image_rewards import BUILTIN_IMAGE_REWARDS, ImageReward, build_image_reward, image_reward_class
 from tests.unit.test_config_validation import BLOCKS, assert_names_field, bad_value, init_fields, type_checks_it
 from tests.unit.test_hydra_configs import compose_config
 
 TINY = "tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16"
-OWN_SCHEMAS = (RewardFLConfig, SamplingArguments, RewardArguments, ShapesDataArguments, WarmStartArguments)
+OWN_SCHEMAS = (RewardFLConfig, SamplingArguments, RewardArguments, PromptDataArguments, WarmStartArguments)
 
 
 @pytest.fixture
@@ -102,6 +103,8 @@ def test_a_reward_without_gradient_is_refused_with_the_policy_gradient_option(va
         ({"warm_start__output_dir": "/tmp/elsewhere"}, "warm_start.output_dir='/tmp/elsewhere' must be actor"),
         ({"warm_start__base_model": "tiny-diffusion://unet?depth=3"}, "warm_start.base_model: .*unknown tiny"),
         ({"max_response_length": 9}, "max_response_length=9 does not apply to images"),
+        ({"data__held_out_prompts": 24}, "data.held_out_prompts=24 leaves none of the 24 prompts for training"),
+        ({"data__held_out_prompts": 20}, "batch_size=8 is more than the 4 training prompts"),
         (
             {"trainable_models": ["text_encoder"], "actor__model_args__lora_rank": 4},
             "lora_rank > 0 adapts the UNet, which trainable_models does not list",
@@ -125,6 +128,14 @@ def test_a_model_directory_without_its_parts_is_refused(valid: dict[str, Any], t
         reward_fl(valid, warm_start__base_model="", actor__model_args__model_name_or_path=str(tmp_path / "model"))
 
 
+def test_prompts_come_from_a_file_one_a_line(valid: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "prompts.txt").write_text("".join(f"  prompt {i}\n\n" for i in range(12)))
+    assert load_prompts(str(tmp_path / "prompts.txt")) == [f"prompt {i}" for i in range(12)]
+    assert reward_fl(valid, data__prompt_file=str(tmp_path / "prompts.txt"), data__held_out_prompts=4).data.prompt_file
+    with pytest.raises(ConfigError, match="batch_size=8 is more than the 7 training prompts"):
+        reward_fl(valid, data__prompt_file=str(tmp_path / "prompts.txt"), data__held_out_prompts=5)
+
+
 def test_builtin_rewards_on_hand_made_images() -> None:
     colours = [(1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)]  # red, blue, white, black
     images = torch.tensor(colours).view(4, 3, 1, 1).expand(4, 3, 4, 4)
@@ -139,14 +150,14 @@ def test_builtin_rewards_on_hand_made_images() -> None:
 
 
 def test_prompt_splits_are_disjoint_and_images_have_the_prompted_colour() -> None:
-    train, held_out = prompt_splits(6)
+    train, held_out = prompt_splits(all_prompts(), 6)
     assert len(held_out) == 6 and not set(train) & set(held_out) and sorted(train + held_out) == sorted(all_prompts())
     image = draw("a blue square", 16, random.Random(0))
     inside = image.abs().sum(0) > 0
     assert 0 < inside.float().mean() < 1
     assert torch.allclose(image[:, inside], torch.tensor(COLOURS["blue"]).view(3, 1).expand(3, int(inside.sum())))
     with pytest.raises(ValueError, match="held_out=24 must be between 1 and 23"):
-        prompt_splits(24)
+        prompt_splits(all_prompts(), 24)
 
 
 def test_image_grid_lays_out_rows_of_enlarged_images() -> None:

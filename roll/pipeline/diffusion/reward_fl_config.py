@@ -13,8 +13,8 @@ from roll.models.diffusion.parts import TRAINABLE_PARTS, check_diffusion_dir
 from roll.models.diffusion.tiny_diffusion import TINY_DIFFUSION_SCHEME, parse_tiny_diffusion
 from roll.pipeline.base.pipeline_config import EXP_NAME
 from roll.pipeline.base.training_config import TrainingRunConfig
+from roll.pipeline.diffusion.prompts import PromptDataArguments, load_prompts
 from roll.pipeline.diffusion.sampling import SamplingArguments
-from roll.pipeline.diffusion.shapes import all_prompts
 from roll.pipeline.diffusion.warm_start import WarmStartArguments
 from roll.rewards.image_rewards import image_reward_class
 
@@ -28,15 +28,6 @@ class RewardArguments:
 
     name: str = field(default="redness", metadata=NAME)
     kwargs: dict[str, Any] = field(default_factory=dict, metadata=any_value("the reward class's own arguments"))
-
-
-@dataclass
-class ShapesDataArguments:
-    """The prompts of the demonstration (`shapes`): which are held out, and how many images each is sampled."""
-
-    held_out_prompts: int = field(default=6, metadata=check(ge=1, le=len(all_prompts()) - 1))
-    # Images sampled per held-out prompt at each evaluation (the same noise every time).
-    eval_images_per_prompt: int = field(default=4, metadata=check(ge=1))
 
 
 @dataclass
@@ -58,7 +49,7 @@ class RewardFLConfig(TrainingRunConfig):
     reward: RewardArguments = field(default_factory=RewardArguments)
     regulariser_weight: float = field(default=1.0, metadata=check(ge=0, hint="0 trains on the reward alone"))
     warm_start: WarmStartArguments = field(default_factory=WarmStartArguments)
-    data: ShapesDataArguments = field(default_factory=ShapesDataArguments)  # type: ignore[assignment]
+    data: PromptDataArguments = field(default_factory=PromptDataArguments)  # type: ignore[assignment]
     max_response_length: int = field(default=8, metadata=checked_in_validate("images have no response tokens", 9))
     actor: WorkerConfig = field(default_factory=WorkerConfig)
 
@@ -114,13 +105,28 @@ class RewardFLConfig(TrainingRunConfig):
                 "or set lora_rank=0"
             )
         self.check_model()
-        train_prompts = len(all_prompts()) - self.data.held_out_prompts
+        self.check_prompts()
+        self.check_resume()
+
+    def check_prompts(self) -> None:
+        """The prompt file exists, and leaves a batch of training prompts beside the held-out ones."""
+        data = self.data
+        if data.prompt_file and not Path(data.prompt_file).is_file():
+            raise ConfigError(
+                f"data.prompt_file={data.prompt_file!r} is not a file: give a text file, one prompt a line"
+            )
+        prompts = len(load_prompts(data.prompt_file))
+        if data.held_out_prompts >= prompts:
+            raise ConfigError(
+                f"data.held_out_prompts={data.held_out_prompts} leaves none of the {prompts} prompts for training; "
+                "lower it or add prompts"
+            )
+        train_prompts = prompts - data.held_out_prompts
         if self.batch_size > train_prompts:
             raise ConfigError(
                 f"batch_size={self.batch_size} is more than the {train_prompts} training prompts; lower batch_size "
                 "or data.held_out_prompts"
             )
-        self.check_resume()
 
     def check_reward(self) -> None:
         """The reward exists and has a gradient (Reward FL back-propagates it)."""

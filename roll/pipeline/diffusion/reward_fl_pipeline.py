@@ -24,8 +24,8 @@ from roll.pipeline.base.residency import Residency, phase
 from roll.pipeline.base.training_loop import TrainingRunPipeline, before_after_summary
 from roll.pipeline.diffusion.diffusion_worker import RewardFLSettings
 from roll.pipeline.diffusion.image_grid import save_image_grid
+from roll.pipeline.diffusion.prompts import load_prompts, prompt_splits
 from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
-from roll.pipeline.diffusion.shapes import prompt_splits
 from roll.pipeline.diffusion.warm_start import run_warm_start
 
 REWARD_FL = phase("reward_fl", "actor")
@@ -48,7 +48,7 @@ class RewardFLPipeline(TrainingRunPipeline):
         super().__init__(config)
         model_path = resolve_diffusion_path(config.actor.model_args.model_name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(Path(model_path) / "tokenizer")
-        train, held_out = prompt_splits(config.data.held_out_prompts)
+        train, held_out = prompt_splits(load_prompts(config.data.prompt_file), config.data.held_out_prompts)
         self.encode = lambda prompts: DataProto.from_dict(tensors=encode_prompts(tokenizer, prompts))
         self.sampler = PromptSampler(train, config.batch_size, config.seed)
         self.columns = config.data.eval_images_per_prompt

@@ -29,17 +29,6 @@ def all_prompts() -> list[str]:
     return [f"a {colour} {shape}" for colour, shape in itertools.product(COLOURS, SHAPES)]
 
 
-def prompt_splits(held_out: int) -> tuple[list[str], list[str]]:
-    """(training prompts, held-out prompts): every k-th prompt is held out, `held_out` of them, so each colour and
-    shape appears on both sides when there are enough."""
-    prompts = all_prompts()
-    if not 0 < held_out < len(prompts):
-        raise ValueError(f"held_out={held_out} must be between 1 and {len(prompts) - 1} (of {len(prompts)} prompts)")
-    stride = len(prompts) / held_out
-    chosen = {int(i * stride + stride / 2) for i in range(held_out)}
-    return [p for i, p in enumerate(prompts) if i not in chosen], [p for i, p in enumerate(prompts) if i in chosen]
-
-
 def draw(prompt: str, size: int, rng: random.Random) -> torch.Tensor:
     """The image of `prompt` ("a <colour> <shape>") `[3, size, size]` in [0, 1]: the shape on black, placed and
     sized by `rng`."""
