@@ -57,6 +57,7 @@ PIPELINE_SCHEMAS = {
     "agentic_frozen_lake": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
+    "reward_fl_sd15_lora_gpu": RewardFLConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -124,6 +125,10 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     """
     if name == "distill_onpolicy_arithmetic":  # its student and teacher are exports of earlier runs
         return ["devices_per_node=2", "pretrain=tiny://qwen2", "teacher.model_args.model_name_or_path=tiny://qwen2"]
+    if name == "reward_fl_sd15_lora_gpu":  # a Stable Diffusion directory and a prompt file
+        (tmp_path / "prompts.txt").write_text("".join(f"a photo of a cat, style {i}\n" for i in range(100)))
+        model = "pretrain='tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16'"
+        return [model, f"data.prompt_file={tmp_path / 'prompts.txt'}"]
     if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
         rows = "".join(json.dumps(row) + "\n" for row in AGENTIC_TRANSCRIPTS[name]())
         (tmp_path / "train.jsonl").write_text(rows)
