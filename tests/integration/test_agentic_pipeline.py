@@ -94,3 +94,24 @@ def test_frozen_lake_trains_actor_and_critic_with_gae(ray_session: None, tmp_pat
     step = rows[1]
     assert step["critic/grad_norm"] > 0 and step["actor/grad_norm"] > 0
     assert 1 <= step["rollout/turns_mean"] <= 10 and step["rollout/env_errors"] == 0
+
+
+def test_vllm_plays_the_episodes_token_in_token_out(ray_session: None, tmp_path: Path) -> None:
+    """actor_infer on vLLM (CPU build) plays multi-turn episodes: each turn is a generate call on the ids so far.
+    With the TIS correction the engine reports its log-probs of the sampled tokens; the trainer's recomputed
+    log-probs of the same ids agree with them, so the ids trained on are the ids vLLM saw and sampled."""
+    rows = run(
+        tmp_path,
+        "max_steps=1",
+        "eval_steps=1",
+        "save_steps=0",
+        "devices_per_node=2",
+        "actor_infer.device_mapping=1",
+        "actor_infer.strategy_args.strategy_name=vllm",
+        "algorithm.tis_cap=2.0",
+    )
+    step = rows[1]
+    assert 1 <= step["rollout/turns_mean"] <= 5 and step["rollout/env_errors"] == 0
+    # One policy version, so the engine's and the trainer's log-probs differ by numerics only.
+    assert step["actor/tis_weight_mean"] == pytest.approx(1.0, abs=0.05)
+    assert 0 <= rows[1]["val/accuracy"] <= 1

@@ -249,3 +249,26 @@ def test_env_config_errors_name_the_field() -> None:
         EnvArguments(name="no_such_env").validate(max_new_tokens=4)
     with pytest.raises(ConfigError, match=r"env\.max_trajectory_tokens=3"):
         EnvArguments(max_trajectory_tokens=3).validate(max_new_tokens=4)
+
+
+def test_a_chat_template_that_cannot_render_a_tool_turn_is_a_config_error(tokenizer: Any) -> None:
+    import copy
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+        "{{ raise_exception('roles must be user or assistant') }}{% endif %}"
+        "{{ m['role'] + ': ' + m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    games = EnvArguments(name="guess_number", apply_chat_template=True)
+    games.check_chat_template(strict, "strict-model")  # no tools: user turns render
+    tools = EnvArguments(name="calculator_arithmetic", apply_chat_template=True)
+    with pytest.raises(
+        ConfigError, match=r"env\.name=calculator_arithmetic .* 'tool'"
+    ):
+        tools.check_chat_template(strict, "strict-model")
+    tools.check_chat_template(tokenizer, "tiny")  # the tiny template renders any role
+    strict.chat_template = None
+    with pytest.raises(ConfigError, match=r"env\.apply_chat_template=true, but the chat template of strict-model"):
+        games.check_chat_template(strict, "strict-model")

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll.configs.schema import ConfigError, any_value, check
-from roll.envs.registry import env_factory
+from roll.envs.registry import env_factory, make_env
+from roll.envs.tools import ToolEnv
+from roll.pipeline.rlvr.observations import ObservationEncoder
 
 
 @dataclass
@@ -70,3 +72,32 @@ class EnvArguments:
                 f"env.max_trajectory_tokens={self.max_trajectory_tokens} cannot hold one turn of "
                 f"actor_infer.generating_args.max_new_tokens={max_new_tokens}; raise it to at least {max_new_tokens}"
             )
+
+    def check_chat_template(self, tokenizer: Any, model: str) -> None:
+        """With `apply_chat_template`: the policy's template renders a user turn, and a tool turn when the
+        environment calls tools (a ToolEnv); ConfigError naming the field otherwise."""
+        if not self.apply_chat_template:
+            return
+        fix = "use a model whose chat template has them, or set env.apply_chat_template=false"
+        try:
+            encoder = ObservationEncoder(tokenizer, chat_template=True)
+            encoder.first("observation")
+            encoder.next("observation", "user")
+        except Exception as exc:  # a template's own error (jinja, a raise_exception in it) says why
+            raise ConfigError(
+                f"env.apply_chat_template=true, but the chat template of {model} cannot render the next user turn "
+                f"after an assistant turn ({exc}); {fix}"
+            ) from exc
+        env = make_env(self.name, self.kwargs, "env.name")
+        try:
+            if isinstance(env, ToolEnv):
+                encoder.next("tool result", "tool")
+        except Exception as exc:
+            raise ConfigError(
+                f"env.apply_chat_template=true and env.name={self.name} answers tool calls as tool turns, but the "
+                f"chat template of {model} cannot render a 'tool' message ({exc}); {fix}"
+            ) from exc
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()

@@ -12,6 +12,7 @@ from roll.configs.schema import DOTTED_PATH, ConfigError, Rule, any_value, check
 from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
+from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 from roll.pipeline.base.resumable import ResumableRun
@@ -424,6 +425,9 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         env, generating = self.env, self.actor_infer.generating_args
         assert env is not None
         env.validate(generating.max_new_tokens)
+        if env.apply_chat_template:
+            model = self.actor_infer.model_args.model_name_or_path
+            env.check_chat_template(load_tokenizer(model), model)
         tokens = env.max_observation_tokens + env.max_trajectory_tokens
         self.check_lengths(
             model_facts,
