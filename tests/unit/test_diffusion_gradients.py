@@ -123,3 +123,26 @@ def test_lora_trains_adapters_only_and_merges_into_the_plain_unet(prompts: list[
         base = model.unet(sample, 10, cond).sample
     assert torch.allclose(adapted, merged, atol=1e-5)
     assert not torch.allclose(adapted, base, atol=1e-3)
+
+
+def test_a_latent_model_decodes_through_its_frozen_vae(prompts: list[str]) -> None:
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    parts = load_diffusion_parts(TINY)  # 8x8 "latents" of 3 channels
+    parts.vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=3,
+        block_out_channels=(8, 16),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=4,
+        sample_size=16,
+    )
+    model = RewardFLModel(parts, build_image_reward("brightness"), ["unet"], ModelArguments(), False)
+    model.sampling = SamplingArguments(num_inference_steps=2, grad_steps=1)
+    output = model(**encode_prompts(parts.tokenizer, prompts))
+    assert output.images.shape == (2, 3, 16, 16) and output.images.min() >= 0 and output.images.max() <= 1
+    output.rewards.sum().backward()
+    assert any(grads(model.unet)) and not any(grads(model.vae))

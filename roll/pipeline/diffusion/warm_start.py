@@ -19,6 +19,7 @@ import torch
 from roll.configs.schema import any_value, check
 from roll.models.diffusion.parts import encode_prompts, load_diffusion_parts, save_diffusion_parts
 from roll.pipeline.diffusion.shapes import all_prompts, draw_batch
+from roll.utils.tracking import show_progress
 
 WARM_START_MARKER = "roll_warm_start.json"
 
@@ -67,7 +68,8 @@ def run_warm_start(args: WarmStartArguments) -> dict[str, float]:
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.learning_rate, total_steps=args.steps)
     prompts, size = all_prompts(), unet.config.sample_size
     losses: list[float] = []
-    for _ in range(args.steps):
+    progress = show_progress(range(args.steps), desc="warm start")
+    for _ in progress:
         batch = [rng.choice(prompts) for _ in range(args.batch_size)]
         images = draw_batch(batch, size, rng) * 2 - 1
         conditioned = ["" if rng.random() < args.prompt_dropout else prompt for prompt in batch]
@@ -83,6 +85,7 @@ def run_warm_start(args: WarmStartArguments) -> dict[str, float]:
         schedule.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+        progress.set_postfix(loss=f"{loss.item():.3f}")
     (out / WARM_START_MARKER).unlink(missing_ok=True)  # an interrupted run is never mistaken for a finished one
     save_diffusion_parts(parts, out)
     tail = losses[-max(1, len(losses) // 10) :]
