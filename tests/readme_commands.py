@@ -142,7 +142,16 @@ VERDICTS: dict[str, Run | Skip] = {
     "roll-rlvr --config-name rlvr_gsm8k_format": Run(
         "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
     ),
-    "python scripts/make_agentic_sft_data.py guess_number": Run("python scripts/make_agentic_sft_data.py guess_number"),
+    **{
+        f"python scripts/make_agentic_sft_data.py {task}": Run(f"python scripts/make_agentic_sft_data.py {task}")
+        for task in ("calculator", "frozen_lake", "guess_number")
+    },
+    # Each SFT run exports the warm start its agentic recipe reads; tests/integration/test_agentic_pipeline.py runs
+    # the agentic YAMLs.
+    "roll-sft --config-name sft_calculator": Run("roll-sft --config-name sft_calculator max_steps=2 eval_steps=2"),
+    "roll-rlvr --config-name agentic_calculator": Run("roll-rlvr --config-name agentic_calculator dry_run=true"),
+    "roll-sft --config-name sft_frozen_lake": Run("roll-sft --config-name sft_frozen_lake max_steps=2 eval_steps=2"),
+    "roll-rlvr --config-name agentic_frozen_lake": Run("roll-rlvr --config-name agentic_frozen_lake dry_run=true"),
     "roll-sft --config-name sft_guess_number": Run("roll-sft --config-name sft_guess_number max_steps=2 eval_steps=2"),
     # Reads the SFT export above; tests/integration/test_agentic_pipeline.py runs its YAML.
     "roll-rlvr --config-name agentic_guess_number": Run("roll-rlvr --config-name agentic_guess_number dry_run=true"),

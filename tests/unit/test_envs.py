@@ -125,13 +125,13 @@ def test_frozen_lake_known_path_reaches_the_goal() -> None:
     env = FrozenLakeEnv()
     assert env.reset(seed=0) == ("PFFF\nFHFH\nFFFH\nHFFG", {})
     results = [env.step(action) for action in ["D", "down", "R", "right", "d", "R"]]
-    assert [r[1] for r in results] == [-0.01] * 5 + [1.0]
+    assert [r[1] for r in results] == [0.0] * 5 + [1.0]  # gymnasium's schedule by default
     assert results[2][0] == "SFFF\nFHFH\nFPFH\nHFFG"
     assert results[-1] == ("SFFF\nFHFH\nFFFH\nHFFP", 1.0, True, False, {"invalid_action": 0, "success": 1.0})
 
 
 def test_frozen_lake_hole_invalid_action_and_turn_limit() -> None:
-    env = FrozenLakeEnv(max_turns=3)
+    env = FrozenLakeEnv(max_turns=3, hole_reward=-1.0, step_reward=-0.01)  # shaped
     env.reset(seed=0)
     assert env.step("R")[1:3] == (-0.01, False)
     assert env.step("D") == ("SFFF\nFPFH\nFFFH\nHFFG", -1.0, True, False, {"invalid_action": 0, "success": 0.0})
