@@ -150,3 +150,24 @@ def test_resume_repeats_the_losses_of_the_uninterrupted_run(ray_session: None, t
     resumed = {row["step"]: row["actor/loss"] for row in resumed_rows if "actor/loss" in row}
     assert resumed[2] == pytest.approx(losses[2], rel=1e-6)
     assert resumed[3] == pytest.approx(losses[3], rel=1e-6)
+
+
+def test_policy_gradient_trains_on_a_reward_without_gradient_at_zero3(ray_session: None, tmp_path: Path) -> None:
+    """ZeRO-3 partitions the UNet: the update's log-probabilities call it outside the engine's forward pass."""
+    config = actor_config(
+        tmp_path,
+        "algorithm=policy_gradient",
+        "reward.name=compressibility",
+        "regulariser_weight=0",
+        "batch_size=2",
+        "policy.group_size=2",
+        "max_steps=2",
+        "eval_steps=2",
+        "actor.strategy_args.strategy_config=${deepspeed_zero3}",
+    )
+    summary, rows = run_pipeline(RewardFLPipeline, config)
+    first = rows[1]
+    assert first["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # the rollout's own policy: ratio 1
+    assert first["actor/grad_norm"] > 0 and first["actor/reward"] < 0  # minus kilobytes
+    assert first["time/rollout_s"] > 0 and first["time/policy_update_s"] > 0
+    assert summary["val_distance_from_start_after"] > 0

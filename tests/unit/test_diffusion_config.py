@@ -17,6 +17,7 @@ from roll.configs.hydra_defaults import dataclass_in
 from roll.configs.loader import load_pipeline_config
 from roll.configs.schema import ConfigError, field_rule
 from roll.pipeline.diffusion.image_grid import image_grid
+from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments
 from roll.pipeline.diffusion.prompts import PromptDataArguments, load_prompts, prompt_splits
 from roll.pipeline.diffusion.reward_fl_config import RewardArguments, RewardFLConfig
 from roll.pipeline.diffusion.sampling import SamplingArguments
@@ -27,7 +28,14 @@ from tests.unit.test_config_validation import BLOCKS, assert_names_field, bad_va
 from tests.unit.test_hydra_configs import compose_config
 
 TINY = "tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16"
-OWN_SCHEMAS = (RewardFLConfig, SamplingArguments, RewardArguments, PromptDataArguments, WarmStartArguments)
+OWN_SCHEMAS = (
+    RewardFLConfig,
+    SamplingArguments,
+    RewardArguments,
+    PromptDataArguments,
+    WarmStartArguments,
+    PolicyGradientArguments,
+)
 
 
 @pytest.fixture
@@ -87,9 +95,11 @@ def test_a_reward_without_gradient_is_refused_with_the_policy_gradient_option(va
         reward_fl(valid, reward__name="compressibility")
     message = str(error.value)
     assert "reward.name='compressibility' is not differentiable" in message
-    assert "algorithm=policy_gradient" in message and "not built yet" in message
-    with pytest.raises(ConfigError, match=r"algorithm=policy_gradient .* is not built yet"):
-        reward_fl(valid, algorithm="policy_gradient")
+    assert "algorithm=policy_gradient" in message
+    policy = reward_fl(
+        valid, reward__name="compressibility", algorithm="policy_gradient", regulariser_weight=0, batch_size=2
+    )
+    assert policy.policy.group_size == 4 and "2 prompts x 4 stochastic samples" in policy.batch_plan()[0]
 
 
 @pytest.mark.parametrize(
@@ -103,6 +113,11 @@ def test_a_reward_without_gradient_is_refused_with_the_policy_gradient_option(va
         ({"warm_start__output_dir": "/tmp/elsewhere"}, "warm_start.output_dir='/tmp/elsewhere' must be actor"),
         ({"warm_start__base_model": "tiny-diffusion://unet?depth=3"}, "warm_start.base_model: .*unknown tiny"),
         ({"max_response_length": 9}, "max_response_length=9 does not apply to images"),
+        (
+            {"algorithm": "policy_gradient", "regulariser_weight": 0},
+            r"batch_size=8 x policy.group_size=4 must equal actor per_device_train_batch_size",
+        ),
+        ({"algorithm": "policy_gradient", "batch_size": 2}, "regulariser_weight=1.0 applies to algorithm=reward_fl"),
         ({"data__held_out_prompts": 24}, "data.held_out_prompts=24 leaves none of the 24 prompts for training"),
         ({"data__held_out_prompts": 20}, "batch_size=8 is more than the 4 training prompts"),
         (

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from roll.algorithms.policy_losses import policy_loss
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.registry import strategy_class
 from roll.models.diffusion.parts import load_diffusion_parts
 from roll.models.model_providers import dtype_from_name
-from roll.pipeline.diffusion.reward_fl_model import RewardFLModel, RewardFLOutput
+from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments
+from roll.pipeline.diffusion.reward_fl_model import PolicyConditioning, RewardFLModel, RewardFLOutput, RolloutOutput
 from roll.pipeline.diffusion.sampling import SamplingArguments
 from roll.rewards.image_rewards import build_image_reward
 
@@ -21,7 +23,7 @@ from roll.rewards.image_rewards import build_image_reward
 @dataclass
 class RewardFLSettings:
     """What the driver tells the actor beyond its role config: the reward, the parts that train, the sampling,
-    the loss's regulariser weight and the run's seed."""
+    the loss's regulariser weight, the run's seed and the policy-gradient settings."""
 
     reward_name: str
     reward_kwargs: dict[str, Any]
@@ -29,6 +31,7 @@ class RewardFLSettings:
     sampling: SamplingArguments
     regulariser_weight: float
     seed: int
+    policy: PolicyGradientArguments = field(default_factory=PolicyGradientArguments)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -55,7 +58,7 @@ class RewardFLWorker(StrategyWorker):
             model = RewardFLModel(
                 parts, reward, settings.trainable_models, config.model_args, settings.regulariser_weight > 0
             )
-            model.sampling = settings.sampling
+            model.sampling, model.policy = settings.sampling, settings.policy
             return model
 
         self.strategy.initialize(build)
@@ -88,6 +91,43 @@ class RewardFLWorker(StrategyWorker):
             return None, {"images": output.images, "rewards": output.rewards}
 
         return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
+
+    @register(Dispatch.DP_COMPUTE)
+    def sample_rollouts(self, batch: DataProto, seed: int) -> DataProto:
+        """Stochastic samples of the prompts with their trajectories and rewards (`RolloutOutput`'s fields), without
+        gradient, for the policy-gradient update; the noise is seeded from `seed` and the optimizer step."""
+        torch.manual_seed(step_seed(seed, self.strategy.global_step, self.rank_info.dp_rank))
+
+        def forward(micro_batch: DataProto, output: RolloutOutput) -> tuple[None, dict[str, torch.Tensor]]:
+            return None, dict(vars(output))
+
+        self.model.mode = "rollout"
+        try:
+            return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
+        finally:
+            self.model.mode = "reward_fl"
+
+    @register(Dispatch.DP_COMPUTE)
+    def policy_gradient_step(self, batch: DataProto) -> dict[str, float]:
+        """One PPO-clipped update on rollouts (`latents`, `old_log_probs`, `step_mask`, `timesteps`, `advantages`
+        per row): each denoising step is one "token" whose log-probability is recomputed under the current model."""
+        clip = self.settings.policy.clip_range
+
+        def loss_func(
+            micro_batch: DataProto, output: PolicyConditioning
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            data = micro_batch.batch
+            log_probs = output.log_probs(data["latents"], data["timesteps"][0])
+            advantages = data["advantages"].unsqueeze(-1).expand_as(log_probs)
+            return policy_loss(
+                log_probs, data["old_log_probs"], advantages, data["step_mask"], clip_low=clip, clip_high=clip
+            )
+
+        self.model.mode = "policy"
+        try:
+            return self.strategy.train_step(batch, loss_func)
+        finally:
+            self.model.mode = "reward_fl"
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, output_dir: str) -> str:

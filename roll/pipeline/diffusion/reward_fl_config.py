@@ -13,6 +13,7 @@ from roll.models.diffusion.parts import TRAINABLE_PARTS, check_diffusion_dir
 from roll.models.diffusion.tiny_diffusion import TINY_DIFFUSION_SCHEME, parse_tiny_diffusion
 from roll.pipeline.base.pipeline_config import EXP_NAME
 from roll.pipeline.base.training_config import TrainingRunConfig
+from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments
 from roll.pipeline.diffusion.prompts import PromptDataArguments, load_prompts
 from roll.pipeline.diffusion.sampling import SamplingArguments
 from roll.pipeline.diffusion.warm_start import WarmStartArguments
@@ -38,9 +39,10 @@ class RewardFLConfig(TrainingRunConfig):
     trained from the frozen noise prediction keeps the images near the start."""
 
     exp_name: str = field(default="reward_fl", metadata=check(EXP_NAME))
-    # reward_fl back-propagates the reward; policy_gradient (Flow-GRPO style, for rewards without a gradient) is
-    # not built yet.
+    # reward_fl back-propagates the reward; policy_gradient (DDPO / Flow-GRPO style: stochastic sampling, group-
+    # relative advantages, a clipped ratio) needs no gradient of the reward.
     algorithm: Literal["reward_fl", "policy_gradient"] = "reward_fl"
+    policy: PolicyGradientArguments = field(default_factory=PolicyGradientArguments)
     trainable_models: list[str] = field(
         default_factory=lambda: ["unet"],
         metadata=check(nonempty=True, items=Rule(choices=TRAINABLE_PARTS), expect="unet and/or text_encoder"),
@@ -60,22 +62,31 @@ class RewardFLConfig(TrainingRunConfig):
     def batch_plan(self) -> list[str]:
         """One step's arithmetic: prompts per rank, micro-batches, denoising steps with and without gradient."""
         actor, args, sampling = self.actor, self.actor.training_args, self.sampling
+        split = (
+            f"{actor.dp_size} rank(s) x micro-batches of {args.per_device_train_batch_size} x "
+            f"{args.gradient_accumulation_steps} accumulation"
+        )
+        if self.algorithm == "policy_gradient":
+            return [
+                f"actor: {self.batch_size} prompts x {self.policy.group_size} stochastic samples in "
+                f"{sampling.num_inference_steps} denoising steps (no gradient), then one update on those rows = "
+                f"{split}, every step's log-probability recomputed; {self.max_steps} steps"
+            ]
         return [
-            f"actor: {self.batch_size} prompts per optimizer step = {actor.dp_size} rank(s) x micro-batches of "
-            f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation; one image each "
-            f"in {sampling.num_inference_steps} denoising steps, the last {sampling.grad_steps} with gradient; "
+            f"actor: {self.batch_size} prompts per optimizer step = {split}; one image each in "
+            f"{sampling.num_inference_steps} denoising steps, the last {sampling.grad_steps} with gradient; "
             f"{self.max_steps} steps"
         ]
 
     def validate(self) -> None:
         """The algorithm, the reward, the sampling window, the model (or its warm start), one step's rows, the data
         split and the checkpoint to resume from."""
-        if self.algorithm == "policy_gradient":
-            raise ConfigError(
-                "algorithm=policy_gradient (Flow-GRPO style) is not built yet: use algorithm=reward_fl with a "
-                "differentiable reward"
-            )
         self.check_reward()
+        if self.algorithm == "policy_gradient" and self.regulariser_weight:
+            raise ConfigError(
+                f"regulariser_weight={self.regulariser_weight} applies to algorithm=reward_fl; policy_gradient's "
+                "update is bounded by policy.clip_range: set regulariser_weight=0"
+            )
         if self.max_response_length != 8:
             raise ConfigError(f"max_response_length={self.max_response_length} does not apply to images; remove it")
         super().validate()
@@ -83,10 +94,14 @@ class RewardFLConfig(TrainingRunConfig):
         self.check_trains("actor", actor)
         args = actor.training_args
         step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * actor.dp_size
-        if self.batch_size != step_rows:
+        rows, spelled = self.batch_size, f"batch_size={self.batch_size}"
+        if self.algorithm == "policy_gradient":
+            rows *= self.policy.group_size
+            spelled += f" x policy.group_size={self.policy.group_size}"
+        if rows != step_rows:
             raise ConfigError(
-                f"batch_size={self.batch_size} must equal actor per_device_train_batch_size x "
-                f"gradient_accumulation_steps x dp size = {step_rows}"
+                f"{spelled} must equal actor per_device_train_batch_size x gradient_accumulation_steps x dp size = "
+                f"{step_rows}"
             )
         sampling = self.sampling
         if sampling.grad_steps > sampling.num_inference_steps:
@@ -134,11 +149,11 @@ class RewardFLConfig(TrainingRunConfig):
             reward = image_reward_class(self.reward.name)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        if not reward.differentiable:
+        if not reward.differentiable and self.algorithm == "reward_fl":
             raise ConfigError(
                 f"reward.name={self.reward.name!r} is not differentiable, and Reward FL back-propagates the reward "
                 "through the denoising steps: choose a differentiable reward, or algorithm=policy_gradient "
-                "(Flow-GRPO style, which needs no gradient; not built yet)"
+                "(DDPO / Flow-GRPO style, which needs no gradient)"
             )
 
     def check_model(self) -> None:

@@ -19,7 +19,8 @@ import torch
 
 from roll.configs.worker_config import ModelArguments
 from roll.models.diffusion.parts import DiffusionParts, save_diffusion_parts
-from roll.pipeline.diffusion.sampling import SamplingArguments, denoise
+from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments, sample_trajectory, step_log_probs
+from roll.pipeline.diffusion.sampling import NoisePredictor, SamplingArguments, denoise
 from roll.rewards.image_rewards import ImageReward
 
 LORA_KEY = re.compile(r"(.*)\.lora_([AB])\.default\.weight")
@@ -35,12 +36,42 @@ class RewardFLOutput:
     regulariser: torch.Tensor
 
 
+@dataclass
+class RolloutOutput:
+    """Stochastic samples for the policy-gradient variant, row by row: `images`, `rewards`, the trajectory's
+    `latents` `[B, T + 1, ...]` and `log_probs` `[B, T]`, and per row the `step_mask` and `timesteps` `[B, T]`."""
+
+    images: torch.Tensor
+    rewards: torch.Tensor
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    step_mask: torch.Tensor
+    timesteps: torch.Tensor
+
+
+@dataclass
+class PolicyConditioning:
+    """What the policy update's loss needs from a forward pass: the noise predictor conditioned on the prompts,
+    through which `log_probs` recomputes the recorded steps' log-probabilities with gradient."""
+
+    predict: NoisePredictor
+    scheduler: Any
+    eta: float
+
+    def log_probs(self, latents: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """`[B, T]`: each recorded step's log-probability under the current model (`policy_gradient.step_log_probs`)."""
+        return step_log_probs(self.predict, self.scheduler, latents, timesteps, self.eta)
+
+
 class RewardFLModel(torch.nn.Module):
     """Text encoder, denoiser, optional VAE, optional frozen reference denoiser and the reward model, as one module.
 
     `trainable` names the parts that train (`unet`, `text_encoder`); with `model_args.lora_rank` > 0 the UNet
     trains LoRA adapters on `model_args.lora_target_modules` only, and its reference is the same UNet with the
     adapters disabled. Without LoRA a frozen copy of the initial UNet is kept when `with_reference`.
+
+    `mode` selects what a forward pass does: `reward_fl` (above), `rollout` (stochastic samples with their
+    trajectories, for the policy-gradient variant) or `policy` (the conditioning its update needs).
     """
 
     def __init__(
@@ -70,6 +101,8 @@ class RewardFLModel(torch.nn.Module):
                 self.unet.requires_grad_(True)
         self.with_reference = with_reference
         self.sampling = SamplingArguments()
+        self.policy = PolicyGradientArguments()
+        self.mode = "reward_fl"
         self.checkpointed = False
         # What the training strategy reads and writes on a Hugging Face model.
         self.config = SimpleNamespace(use_cache=False)
@@ -119,17 +152,25 @@ class RewardFLModel(torch.nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         use_cache: bool = False,
-    ) -> RewardFLOutput:
-        """Sample one image per prompt of `input_ids`, score it, and measure its distance from the reference."""
+    ) -> RewardFLOutput | RolloutOutput | PolicyConditioning:
+        """Sample one image per prompt of `input_ids`, score it, and measure its distance from the reference (the
+        other modes: see the class)."""
         cond = self.encode(input_ids)
         uncond = None
         if self.sampling.guidance_scale > 1:
             empty = torch.full_like(input_ids, self.parts.tokenizer.pad_token_id)
             uncond = self.encode(empty).detach()
+        if self.mode == "policy":
+            return PolicyConditioning(
+                self.noise_predictor(self.unet, cond, uncond), self.parts.scheduler, self.policy.eta
+            )
         config = self.unet.config
         noise = torch.randn(
             len(input_ids), config.in_channels, config.sample_size, config.sample_size, device=cond.device
         )
+        prompts = self.parts.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
+        if self.mode == "rollout":
+            return self._rollout(noise, cond, uncond, prompts)
         distances: list[torch.Tensor] = []
         reference = self._reference_predictor(cond.detach(), uncond) if self.with_reference else None
 
@@ -143,9 +184,25 @@ class RewardFLModel(torch.nn.Module):
             predict, self.parts.scheduler, noise, self.sampling, self.checkpointed, regularise if reference else None
         )
         images = self.decode(sample)
-        prompts = self.parts.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
         regulariser = torch.stack(distances).mean(dim=0) if distances else torch.zeros(len(images), device=cond.device)
         return RewardFLOutput(images, self.reward(images, prompts), regulariser)
+
+    def _rollout(
+        self, noise: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, prompts: list[str]
+    ) -> RolloutOutput:
+        predict = self.noise_predictor(self.unet, cond, uncond)
+        steps = self.sampling.num_inference_steps
+        trajectory = sample_trajectory(predict, self.parts.scheduler, noise, steps, self.policy.eta)
+        images = self.decode(trajectory.latents[:, -1])
+        rows = len(images)
+        return RolloutOutput(
+            images,
+            self.reward(images, prompts),
+            trajectory.latents,
+            trajectory.log_probs,
+            trajectory.step_mask.expand(rows, -1).to(images.device),
+            trajectory.timesteps.expand(rows, -1).to(images.device),
+        )
 
     def _reference_predictor(self, cond: torch.Tensor, uncond: torch.Tensor | None):
         if self.reference_unet is not None:

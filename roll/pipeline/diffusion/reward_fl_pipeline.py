@@ -2,7 +2,9 @@
 
 Before Ray starts, the driver trains the demonstration's warm start unless its directory already holds it
 (`warm_start`). Each step the actor samples one image per prompt of a batch of training prompts, scores it
-with the reward, and takes one optimizer step on -reward + regulariser (`diffusion_worker`). Evaluation
+with the reward, and takes one optimizer step on -reward + regulariser (`diffusion_worker`). With
+`algorithm=policy_gradient` a step is instead a rollout of `policy.group_size` stochastic samples per prompt,
+group-relative advantages of their rewards, and one PPO-clipped update (`policy_gradient`). Evaluation
 samples the held-out prompts from the same noise every time, so before and after differ only by the
 training: it reports their mean reward and how far the images moved from the first evaluation's (mean
 absolute pixel difference, in [0, 1]), and writes both image grids as PNG in the run's log directory.
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from roll.algorithms.reward_shaping import normalize_scores
 from roll.datasets.prompt_dataset import PromptSampler
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.diffusion.parts import encode_prompts
@@ -29,6 +32,8 @@ from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
 from roll.pipeline.diffusion.warm_start import run_warm_start
 
 REWARD_FL = phase("reward_fl", "actor")
+ROLLOUT = phase("rollout", "actor")
+POLICY_UPDATE = phase("policy_update", "actor")
 # The evaluation's noise seed: the same images before and after for an unchanged model.
 EVAL_SEED = 12345
 FIRST_IMAGES = "eval_images_first.pt"
@@ -60,6 +65,7 @@ class RewardFLPipeline(TrainingRunPipeline):
             config.sampling,
             config.regulariser_weight,
             config.seed,
+            config.policy,
         )
         cluster = self.start_cluster("actor")
         cluster.initialize(self.settings)
@@ -84,13 +90,36 @@ class RewardFLPipeline(TrainingRunPipeline):
         return {"val/reward": sampled.batch["rewards"].mean().item(), "val/distance_from_start": distance}
 
     def step(self) -> dict[str, float]:
-        """One Reward FL step on the next batch of training prompts."""
+        """One step on the next batch of training prompts: Reward FL, or a rollout and a policy-gradient update."""
         timings: dict[str, float] = {}
-        batch = self.encode(self.sampler.next_batch())
-        with self.residency.timed(REWARD_FL, timings):
-            metrics = self.clusters["actor"].reward_fl_step(batch)[0]
+        if self.config.algorithm == "policy_gradient":
+            metrics = self.policy_gradient_step(timings)
+        else:
+            batch = self.encode(self.sampler.next_batch())
+            with self.residency.timed(REWARD_FL, timings):
+                metrics = self.clusters["actor"].reward_fl_step(batch)[0]
         # Train metrics are already averaged over ranks by the strategy: rank 0 speaks for all.
         return {f"actor/{key}": value for key, value in metrics.items()} | timings
+
+    def policy_gradient_step(self, timings: dict[str, float]) -> dict[str, float]:
+        """`policy.group_size` stochastic samples per prompt, their rewards normalised within each prompt's group
+        (GRPO's advantage), then one PPO-clipped update on them; the update's metrics and the samples' reward."""
+        actor, group = self.clusters["actor"], self.config.policy.group_size
+        prompts = self.sampler.next_batch()
+        batch = self.encode([prompt for prompt in prompts for _ in range(group)])
+        with self.residency.timed(ROLLOUT, timings):
+            rollouts = actor.sample_rollouts(batch, self.config.seed).batch
+        rewards = rollouts["rewards"].float()
+        advantages = normalize_scores(rewards, torch.arange(len(prompts)).repeat_interleave(group), "group")
+        trajectories = {key: rollouts[key] for key in ("latents", "step_mask", "timesteps")}
+        update = batch.union(
+            DataProto.from_dict(
+                tensors=trajectories | {"old_log_probs": rollouts["log_probs"], "advantages": advantages}
+            )
+        )
+        with self.residency.timed(POLICY_UPDATE, timings):
+            metrics = actor.policy_gradient_step(update)[0]
+        return metrics | {"reward": rewards.mean().item()}
 
     def postfix(self, metrics: dict[str, float], evaluation: dict[str, float]) -> dict[str, str]:
         """Loss, the batch's reward and the latest held-out reward."""
