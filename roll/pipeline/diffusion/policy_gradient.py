@@ -67,7 +67,9 @@ def gaussian_log_prob(value: torch.Tensor, mean: torch.Tensor, std: float) -> to
 
 
 @torch.no_grad()
-def sample_trajectory(predict: NoisePredictor, scheduler: object, noise: torch.Tensor, steps: int, eta: float):
+def sample_trajectory(
+    predict: NoisePredictor, scheduler: object, noise: torch.Tensor, steps: int, eta: float
+) -> Trajectory:
     """Sample from `noise` in `steps` stochastic DDIM steps, recording every sample and its log-probability."""
     scheduler.set_timesteps(steps, device=noise.device)
     latents, log_probs, stds = [noise], [], []

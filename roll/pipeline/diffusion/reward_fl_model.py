@@ -133,7 +133,7 @@ class RewardFLModel(torch.nn.Module):
         with torch.set_grad_enabled(trains and torch.is_grad_enabled()):
             return self.text_encoder(input_ids=input_ids).last_hidden_state
 
-    def noise_predictor(self, unet: torch.nn.Module, cond: torch.Tensor, uncond: torch.Tensor | None):
+    def noise_predictor(self, unet: torch.nn.Module, cond: torch.Tensor, uncond: torch.Tensor | None) -> NoisePredictor:
         """(sample, timestep) -> `unet`'s noise prediction, guided by `guidance_scale` when `uncond` is given."""
         scale = self.sampling.guidance_scale
 
@@ -204,7 +204,7 @@ class RewardFLModel(torch.nn.Module):
             trajectory.timesteps.expand(rows, -1).to(images.device),
         )
 
-    def _reference_predictor(self, cond: torch.Tensor, uncond: torch.Tensor | None):
+    def _reference_predictor(self, cond: torch.Tensor, uncond: torch.Tensor | None) -> NoisePredictor:
         if self.reference_unet is not None:
             return self.noise_predictor(self.reference_unet, cond, uncond)
         predict = self.noise_predictor(self.unet, cond, uncond)
