@@ -45,7 +45,7 @@ def test_two_steps_of_episodes_train_checkpoint_and_resume(ray_session: None, tm
         for key in ("rollout/success", "rollout/turns_mean", "rollout/invalid_action_rate", "actor/loss"):
             assert key in row, (step, key)
         assert 1 <= row["rollout/turns_mean"] <= 5 and row["rollout/env_errors"] == 0
-    assert 0 <= rows[2]["val/accuracy"] <= 1
+    assert 0 <= rows[2]["val/accuracy"] <= 1 and 0 <= rows[2]["val/sampled_success"] <= 1
     run_dir = tmp_path / "agentic_guess_number"
     assert (run_dir / "checkpoints" / "step_1" / "driver_state.json").is_file()
 

@@ -2,7 +2,7 @@
 
 It stands in for the prompt sampler and the reward clusters: `EpisodeSeeds` is the sampler (its position is
 checkpointed like one), `EnvRollouts.train_batch` the generated and scored batch of a step, and
-`EnvRollouts.held_out_success` the greedy evaluation.
+`EnvRollouts.held_out` the evaluation on held-out seeds.
 """
 
 from __future__ import annotations
@@ -75,12 +75,15 @@ class EnvRollouts:
         repeated = [seed for seed in seeds for _ in range(group_size)]
         return self.rollout.run(cluster_generate(cluster), repeated, self.generating_args, base_seed)
 
-    def held_out_success(self, cluster: Cluster) -> tuple[float, dict[str, float]]:
-        """Greedy success rate over the `eval_episodes` held-out seeds, and the episodes' metrics."""
+    def held_out(self, cluster: Cluster) -> dict[str, float]:
+        """Success over the `eval_episodes` held-out seeds: greedy (`val/accuracy`), and sampled as in training,
+        one episode per seed with the same sampling seeds at every evaluation (`val/sampled_success`)."""
         seeds = [self.env.eval_seed_offset + i for i in range(self.env.eval_episodes)]
-        greedy = replace(self.generating_args, do_sample=False)
-        _, metrics = self.greedy_rollout.run(cluster_generate(cluster), seeds, greedy, base_seed=0)
-        return metrics["rollout/success"], metrics
+        generate = cluster_generate(cluster)
+        greedy_args = replace(self.generating_args, do_sample=False)
+        _, greedy = self.greedy_rollout.run(generate, seeds, greedy_args, base_seed=0)
+        _, sampled = self.rollout.run(generate, seeds, self.generating_args, base_seed=0)
+        return {"val/accuracy": greedy["rollout/success"], "val/sampled_success": sampled["rollout/success"]}
 
     def close(self) -> None:
         """Close the environments of both rollouts."""

@@ -388,16 +388,16 @@ class RLVRPipeline(BasePipeline):
             metrics["rollout/overlong_penalty_mean"] = add_overlong_penalty(batch, budget, self.config.algorithm)
         return batch
 
-    def evaluate(self) -> float:
-        """Greedy held-out accuracy of the current policy (actor_infer with the latest weights); with an
-        environment, the success rate of greedy episodes on the held-out seeds."""
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the current policy (actor_infer with the latest weights): `val/accuracy`, greedy;
+        with an environment, the success rate of greedy episodes on the held-out seeds, and of sampled ones
+        (`val/sampled_success`)."""
         if self.in_flight is not None:
             self.in_flight.result()  # the weight sync needs actor_infer idle
         self.sync_weights()
         self.residency.enter(phases.GENERATE)
         if self.env_rollouts is not None:
-            success, _ = self.env_rollouts.held_out_success(self.clusters["actor_infer"])
-            return success
+            return self.env_rollouts.held_out(self.clusters["actor_infer"])
         accuracy, _ = greedy_accuracy(
             self.clusters["actor_infer"],
             self.eval_examples,
@@ -405,7 +405,7 @@ class RLVRPipeline(BasePipeline):
             self.config.actor_infer.generating_args,
             self.score,
         )
-        return accuracy
+        return {"val/accuracy": accuracy}
 
     def _trained_roles(self) -> list[tuple[str, Phase]]:
         """The roles with optimizer state (they checkpoint), each with the phase that makes it resident."""
@@ -456,15 +456,17 @@ class RLVRPipeline(BasePipeline):
             start_step, accuracies = state["step"], state["val_accuracy_history"]
         self.tracker = tracker = open_run_tracker(config, start_step)
         if not start_step:
-            accuracies.append(self.evaluate())
-            tracker.log({"val/accuracy": accuracies[-1]}, 0)
+            evaluation = self.evaluate()
+            accuracies.append(evaluation["val/accuracy"])
+            tracker.log(evaluation, 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc="rlvr")
         for step in progress:
             started = time.perf_counter()
             metrics = self.step(step)
             if step % config.eval_steps == 0 or step == config.max_steps:
-                accuracies.append(self.evaluate())
-                metrics["val/accuracy"] = accuracies[-1]
+                evaluation = self.evaluate()
+                accuracies.append(evaluation["val/accuracy"])
+                metrics.update(evaluation)
             metrics["time/step_s"] = time.perf_counter() - started
             if not config.async_generation_ratio:
                 # Overlapped roles do not add up, and asking actor_infer would wait for its batch in flight.
