@@ -113,6 +113,7 @@ def test_a_reward_without_gradient_is_refused_with_the_policy_gradient_option(va
         ({"warm_start__output_dir": "/tmp/elsewhere"}, "warm_start.output_dir='/tmp/elsewhere' must be actor"),
         ({"warm_start__base_model": "tiny-diffusion://unet?depth=3"}, "warm_start.base_model: .*unknown tiny"),
         ({"max_response_length": 9}, "max_response_length=9 does not apply to images"),
+        ({"eval_batch_size": 16}, "eval_batch_size=16 does not apply to Reward FL"),
         (
             {"algorithm": "policy_gradient", "regulariser_weight": 0},
             r"batch_size=8 x policy.group_size=4 must equal actor per_device_train_batch_size",

@@ -89,6 +89,11 @@ class RewardFLConfig(TrainingRunConfig):
             )
         if self.max_response_length != 8:
             raise ConfigError(f"max_response_length={self.max_response_length} does not apply to images; remove it")
+        if self.eval_batch_size:
+            raise ConfigError(
+                f"eval_batch_size={self.eval_batch_size} does not apply to Reward FL: the evaluation samples "
+                "data.eval_images_per_prompt images of each of data.held_out_prompts prompts; set those instead"
+            )
         super().validate()
         actor = self.actor
         self.check_trains("actor", actor)
