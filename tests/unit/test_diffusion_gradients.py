@@ -166,3 +166,18 @@ def test_gradient_checkpointing_gives_the_same_gradients(prompts: list[str]) -> 
     # recomputation stops once it has what backward needs)
     assert gradients[0].abs().sum() > 0
     assert torch.allclose(gradients[0], gradients[1], rtol=1e-4, atol=1e-7)
+
+
+def test_a_bf16_model_samples_trains_and_keeps_float32_log_probs(prompts: list[str]) -> None:
+    parts = load_diffusion_parts(TINY, torch.bfloat16)  # the GPU recipe's dtype
+    model = RewardFLModel(parts, build_image_reward("redness"), ["unet"], ModelArguments(), True)
+    model.sampling = SamplingArguments(num_inference_steps=3, grad_steps=1, guidance_scale=2.0)
+    inputs = encode_prompts(parts.tokenizer, prompts)
+    output = model(**inputs)
+    assert output.images.dtype == torch.bfloat16
+    (-output.rewards + output.regulariser).mean().backward()
+    assert any(grads(model.unet))
+    model.mode = "rollout"
+    with torch.no_grad():
+        rollout = model(**inputs)
+    assert rollout.log_probs.dtype == torch.float32 and torch.isfinite(rollout.log_probs).all()

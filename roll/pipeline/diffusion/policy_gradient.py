@@ -59,10 +59,12 @@ def ddim_gaussian(
 
 
 def gaussian_log_prob(value: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
-    """The mean over each row's elements of the log-density of N(mean, std²) at `value` `[B]` (0 when std = 0)."""
+    """The mean over each row's elements of the log-density of N(mean, std²) at `value` `[B]` (0 when std = 0),
+    in float32 whatever the model's dtype (ratios of bf16 log-probabilities would be noise)."""
     if std == 0:
-        return torch.zeros(len(value), dtype=value.dtype, device=value.device)
-    density = -((value.detach() - mean) ** 2) / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
+        return torch.zeros(len(value), dtype=torch.float32, device=value.device)
+    squared = (value.detach().float() - mean.float()) ** 2
+    density = -squared / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
     return density.flatten(1).mean(dim=1)
 
 

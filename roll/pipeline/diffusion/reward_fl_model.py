@@ -165,9 +165,8 @@ class RewardFLModel(torch.nn.Module):
                 self.noise_predictor(self.unet, cond, uncond), self.parts.scheduler, self.policy.eta
             )
         config = self.unet.config
-        noise = torch.randn(
-            len(input_ids), config.in_channels, config.sample_size, config.sample_size, device=cond.device
-        )
+        shape = (len(input_ids), config.in_channels, config.sample_size, config.sample_size)
+        noise = torch.randn(shape, device=cond.device, dtype=cond.dtype)  # the model's dtype (bf16 on GPUs)
         prompts = self.parts.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
         if self.mode == "rollout":
             return self._rollout(noise, cond, uncond, prompts)
