@@ -171,3 +171,21 @@ def test_policy_gradient_trains_on_a_reward_without_gradient_at_zero3(ray_sessio
     assert first["actor/grad_norm"] > 0 and first["actor/reward"] < 0  # minus kilobytes
     assert first["time/rollout_s"] > 0 and first["time/policy_update_s"] > 0
     assert summary["val_distance_from_start_after"] > 0
+
+
+def test_lora_trains_on_deepspeed_and_exports_a_plain_unet(ray_session: None, tmp_path: Path) -> None:
+    config = actor_config(
+        tmp_path,
+        "actor.model_args.lora_rank=4",
+        "actor.model_args.lora_target_modules=[to_q,to_k,to_v,to_out.0]",
+        "actor.training_args.learning_rate=1e-2",
+        "max_steps=2",
+        "eval_steps=2",
+    )
+    run_pipeline(RewardFLPipeline, config)
+    exported = load_diffusion_parts(str(tmp_path / "reward_fl" / "model")).unet.state_dict()
+    base = load_diffusion_parts(TINY).unet.state_dict()
+    assert sorted(exported) == sorted(base)  # LoRA merged: the plain UNet's names
+    changed = {name for name in base if not torch.equal(exported[name], base[name])}
+    targets = (".to_q.", ".to_k.", ".to_v.", ".to_out.0.")
+    assert changed and all(any(target in name for target in targets) for name in changed), changed
