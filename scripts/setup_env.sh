@@ -43,6 +43,12 @@ find_links=()
 [[ -d /opt/wheels ]] && find_links=(--find-links /opt/wheels)
 
 cd "$repo_root"
+# DeepSpeed's async I/O op (ZeRO-Infinity's NVMe offload) links libaio: Debian's libaio-dev, installed here when it
+# is missing and this user may; without it an nvme offload is a config error that names this fix.
+if [[ ! -e /usr/include/libaio.h ]] && command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+  { apt-get install -y -qq libaio-dev || { apt-get update -qq && apt-get install -y -qq libaio-dev; }; } >/dev/null 2>&1 \
+    || echo "[roll] could not install libaio-dev: ZeRO-Infinity's NVMe offload stays unavailable" >&2
+fi
 pip_install "${find_links[@]}" setuptools wheel
 pip_install "${find_links[@]}" -r requirements_torch.txt
 pip_install "${find_links[@]}" --no-build-isolation -r requirements_common.txt -r requirements_cpu.txt -r requirements_dev.txt
@@ -52,9 +58,12 @@ pip_install --no-build-isolation --no-deps -e .
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "$venv/bin/python" - <<'PY'
 import torch, deepspeed, ray, transformers, hydra  # noqa: F401  (fail here, not in the first job)
+from deepspeed.ops.op_builder import AsyncIOBuilder
 from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
 for builder in (CPUAdamBuilder(), FusedAdamBuilder(), ShareMemCommBuilder()):
     builder.load(verbose=False)
+if AsyncIOBuilder().is_compatible(verbose=False):  # needs libaio (above)
+    AsyncIOBuilder().load(verbose=False)
 print(f"[roll] torch {torch.__version__}, deepspeed {deepspeed.__version__}, ray {ray.__version__}, "
       f"transformers {transformers.__version__}")
 PY

@@ -210,3 +210,15 @@ def test_autotp_is_refused_for_inference_and_lora() -> None:
 @pytest.mark.parametrize("stage_block", [ZERO2, ZERO3, ZERO2 | {"zero_optimization": {"stage": 0}}])
 def test_autotp_combines_with_every_zero_stage(stage_block: dict) -> None:
     assert role(stage_block | {"tensor_parallel": {"autotp_size": 2}}).dp_size == 1
+
+
+def test_nvme_offload_without_deepspeeds_async_io_op_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    block = copy.deepcopy(ZERO3)
+    block["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": "/tmp/roll-nvme"}
+    monkeypatch.setattr(AsyncIOBuilder, "is_compatible", lambda self, verbose=False: False)
+    with pytest.raises(ConfigError, match=r"offload_param\.device=nvme \(ZeRO-Infinity\) cannot run: .*libaio-dev"):
+        role(block)
+    monkeypatch.setattr(AsyncIOBuilder, "is_compatible", lambda self, verbose=False: True)
+    role(block)  # with the op it validates

@@ -91,6 +91,23 @@ def _check_zero(config: dict[str, Any], where: str) -> None:
             )
         if device == "nvme" and not zero[key].get("nvme_path"):
             raise ConfigError(f"{where}.zero_optimization.{key}.nvme_path must name a directory for nvme offload")
+        if device == "nvme":
+            reason = async_io_unavailable_reason()
+            if reason:
+                raise ConfigError(f"{where}.zero_optimization.{key}.device=nvme (ZeRO-Infinity) cannot run: {reason}")
+
+
+def async_io_unavailable_reason() -> str | None:
+    """Why DeepSpeed's async I/O op, which ZeRO-Infinity's NVMe offload swaps through, cannot build here; None if
+    it can."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if AsyncIOBuilder().is_compatible(verbose=False):
+        return None
+    return (
+        "DeepSpeed's async_io op needs libaio's headers and library (Debian: apt-get install libaio-dev, which "
+        "scripts/setup_env.sh does as root); or offload to cpu"
+    )
 
 
 def _check_tensor_parallel(config: dict[str, Any], worker_config: WorkerConfig, training: bool, where: str) -> int:

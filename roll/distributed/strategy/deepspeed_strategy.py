@@ -73,6 +73,7 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         from transformers.integrations import HfDeepSpeedConfig
 
         from roll.third_party.deepspeed.offload_states_patch import patch_engine
+        from roll.third_party.deepspeed.state_fields import nvme_swapped_states
 
         if not torch.distributed.is_initialized():
             # Over the store rank 0 already holds (Worker.open_rendezvous); DeepSpeed then adopts the group.
@@ -104,7 +105,11 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         self.weight_shapes = {
             name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters(remove_duplicate=False)
         }
-        self.engine = patch_engine(self._build_engine(model))
+        engine = self._build_engine(model)
+        # ZeRO-Infinity: DeepSpeed's swapper keeps these states on NVMe and owns their buffers, so phase offloading
+        # leaves the engine alone (offload_states and load_states move nothing).
+        self.deepspeed_swaps = nvme_swapped_states(engine)
+        self.engine = engine if self.deepspeed_swaps else patch_engine(engine)
 
     def _join_tensor_parallel_layout(self) -> None:
         """Take this rank's place in the dp x tp grid AutoTP builds: tensor-parallel ranks consecutive.
@@ -171,7 +176,8 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         """Move the engine's states (all kinds when `include` is None) to host memory or disk.
 
         On a CPU platform the states already live in host memory: offloading there would copy them and
-        free nothing, so only `offload_device=nvme` moves anything (and frees host memory).
+        free nothing, so only `offload_device=nvme` moves anything (and frees host memory). Under ZeRO-Infinity
+        (a ZeRO offload to nvme) DeepSpeed's own swapper holds the states on disk and nothing is moved.
         """
         strategy_args = self.worker_config.strategy_args
         if self._offload_is_a_no_op():
@@ -188,7 +194,8 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         return self.engine.reload_states(include=include).as_metrics()
 
     def _offload_is_a_no_op(self) -> bool:
-        return not self.worker.platform.is_accelerator and self.worker_config.strategy_args.offload_device == "cpu"
+        on_host = not self.worker.platform.is_accelerator and self.worker_config.strategy_args.offload_device == "cpu"
+        return on_host or bool(self.deepspeed_swaps)
 
     def load_weights(self, named_tensors: NamedTensors) -> None:
         """Copy full weights by Hugging Face name into the model after checking every name and shape.

@@ -185,13 +185,21 @@ def check_supported(engine: Any) -> None:
             f"({', '.join(missing)}); supported and tested: {'.'.join(map(str, MIN_DEEPSPEED))} to "
             f"{'.'.join(map(str, TESTED_DEEPSPEED))}"
         )
-    for name in ("zero_offload_param", "zero_offload_optimizer"):
-        config = getattr(engine, name)()
+    for name in nvme_swapped_states(engine):
+        raise UnsupportedDeepSpeedError(
+            f"{name} to nvme is configured: DeepSpeed's own swapper owns those buffers, so they cannot be "
+            "offloaded again; use offload device 'nvme' of offload_states with a device-resident engine instead"
+        )
+
+
+def nvme_swapped_states(engine: Any) -> list[str]:
+    """The ZeRO offloads (`offload_param`, `offload_optimizer`) this engine swaps to NVMe itself (ZeRO-Infinity)."""
+    swapped = []
+    for name in ("offload_param", "offload_optimizer"):
+        config = getattr(engine, f"zero_{name}")()
         if config is not None and getattr(config.device, "value", config.device) == "nvme":
-            raise UnsupportedDeepSpeedError(
-                f"{name[5:]} to nvme is configured: DeepSpeed's own swapper owns those buffers, so they cannot be "
-                "offloaded again; use offload device 'nvme' of offload_states with a device-resident engine instead"
-            )
+            swapped.append(name)
+    return swapped
 
 
 def collect_storage_groups(engine: Any) -> dict[OffloadStateType, list[StorageGroup]]:
