@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import string
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -108,7 +109,7 @@ def make_tiny_model(
     path = Path(output_dir)
     marker_file = path / SPEC_MARKER
     marker = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed, "alphabet": alphabet}
-    if _read_marker(marker_file) == marker:
+    if read_marker(marker_file) == marker:
         return path
     tokenizer = build_char_tokenizer(alphabet)
     tokenizer.model_max_length = spec.max_position_embeddings
@@ -144,11 +145,23 @@ def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> d
     }
 
 
-def _read_marker(marker_file: Path) -> dict[str, Any] | None:
+def read_marker(marker_file: Path) -> dict[str, Any] | None:
+    """The build marker JSON in `marker_file`; None when it is missing or unreadable (the directory is rebuilt)."""
     try:
         return json.loads(marker_file.read_text())
     except (OSError, ValueError):
         return None
+
+
+def build_in_cache(kind: str, spec: Any, seed: int, build: Callable[[Path], Path], cache_dir: str | None = None) -> str:
+    """`build(directory)` once for this dataclass `spec` and `seed`, under `cache_dir` (default `$ROLL_CACHE_DIR` or
+    `~/.cache/roll`) / `kind`, holding a file lock so that concurrent workers build it once; the directory."""
+    root = Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll") / kind
+    name = "-".join(f"{k}{v}" for k, v in sorted(asdict(spec).items())) + f"-seed{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return str(build(root / name))
 
 
 TINY_SCHEME = "tiny://"
@@ -176,9 +189,4 @@ def resolve_model_path(model_name_or_path: str, cache_dir: str | None = None) ->
             valid = ", ".join(["seed", *(k for k in TinyModelSpec.__dataclass_fields__ if k != "arch")])
             raise ValueError(f"{model_name_or_path!r}: unknown tiny-model option {key!r}; valid: {valid}")
     spec = TinyModelSpec(**fields)
-    root = Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll") / "tiny"
-    name = "-".join(f"{k}{v}" for k, v in sorted(asdict(spec).items())) + f"-seed{seed}"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return str(make_tiny_model(root / name, spec, seed=seed))
+    return build_in_cache("tiny", spec, seed, lambda path: make_tiny_model(path, spec, seed=seed), cache_dir)

@@ -8,16 +8,15 @@ loads it exactly as it loads a real one. Nothing is downloaded.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
+
+from roll.models.tiny import build_in_cache, read_marker
 
 TINY_DIFFUSION_SCHEME = "tiny-diffusion://"
 SPEC_MARKER = "roll_tiny_diffusion_spec.json"
@@ -111,7 +110,7 @@ def make_tiny_diffusion(output_dir: str | Path, spec: TinyDiffusionSpec | None =
     path = Path(output_dir)
     marker_file = path / SPEC_MARKER
     marker = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
-    if _read_marker(marker_file) == marker:
+    if read_marker(marker_file) == marker:
         return path
     tokenizer = build_word_tokenizer(spec.max_prompt_tokens)
     channels = spec.base_channels
@@ -158,13 +157,6 @@ def make_tiny_diffusion(output_dir: str | Path, spec: TinyDiffusionSpec | None =
     return path
 
 
-def _read_marker(marker_file: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(marker_file.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def parse_tiny_diffusion(reference: str) -> tuple[TinyDiffusionSpec, int]:
     """The spec and seed a `tiny-diffusion://unet?image_size=16&base_channels=16&seed=0` reference names."""
     kind, _, query = reference[len(TINY_DIFFUSION_SCHEME) :].partition("?")
@@ -195,9 +187,5 @@ def resolve_diffusion_path(model_name_or_path: str, cache_dir: str | None = None
     if not model_name_or_path.startswith(TINY_DIFFUSION_SCHEME):
         return model_name_or_path
     spec, seed = parse_tiny_diffusion(model_name_or_path)
-    root = Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll") / "tiny_diffusion"
-    name = "-".join(f"{k}{v}" for k, v in sorted(asdict(spec).items())) + f"-seed{seed}"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return str(make_tiny_diffusion(root / name, spec, seed=seed))
+    build = lambda path: make_tiny_diffusion(path, spec, seed=seed)  # noqa: E731
+    return build_in_cache("tiny_diffusion", spec, seed, build, cache_dir)
