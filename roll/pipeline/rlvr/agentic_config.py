@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll.configs.schema import ConfigError, any_value, check
+from roll.envs.protocol import Env
 from roll.envs.registry import env_factory, make_env
 from roll.envs.tools import ToolEnv
 from roll.pipeline.rlvr.observations import ObservationEncoder
@@ -45,6 +46,10 @@ class EnvArguments:
     # 0: the environments run in the driver (cheap games). N: they are spread over N CPU Ray actors, the env
     # role (roll/pipeline/rlvr/env_workers.py), each calling its environments with max_concurrency threads.
     num_env_workers: int = field(default=0, metadata=check(ge=0))
+
+    def make_env(self) -> Env:
+        """A new environment of this block: `name` built with `kwargs`."""
+        return make_env(self.name, self.kwargs, "env.name")
 
     def describe(self, episodes: int, max_new_tokens: int) -> list[str]:
         """The dry run's lines: the turn and token budgets of a step's `episodes`, and where the environments run."""
@@ -88,7 +93,7 @@ class EnvArguments:
                 f"env.apply_chat_template=true, but the chat template of {model} cannot render the next user turn "
                 f"after an assistant turn ({exc}); {fix}"
             ) from exc
-        env = make_env(self.name, self.kwargs, "env.name")
+        env = self.make_env()
         try:
             if isinstance(env, ToolEnv):
                 encoder.next("tool result", "tool")

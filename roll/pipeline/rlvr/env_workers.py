@@ -21,7 +21,6 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from roll.envs.manager import EnvManager, EnvResult, checked_slots, failed_result
-from roll.envs.registry import make_env
 from roll.pipeline.rlvr.agentic_config import EnvArguments
 
 logger = logging.getLogger(__name__)
@@ -34,9 +33,7 @@ class EnvActor:
     """One env worker: an `EnvManager` over `num_envs` environments built from the `env` block."""
 
     def __init__(self, env: EnvArguments, num_envs: int) -> None:
-        self.manager = EnvManager(
-            lambda: make_env(env.name, env.kwargs, "env.name"), num_envs, env.max_concurrency, env.timeout_s
-        )
+        self.manager = EnvManager(env.make_env, num_envs, env.max_concurrency, env.timeout_s)
 
     def reset(self, seeds: list[int | None], slots: list[int]) -> list[EnvResult]:
         """The manager's reset of `slots`."""

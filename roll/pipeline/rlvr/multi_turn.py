@@ -29,7 +29,6 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.envs.manager import EnvManager, EnvResult
 from roll.envs.protocol import ENV_ERROR, INVALID_ACTION, OBSERVATION_ROLE, SUCCESS, TOOL_CALLS, TOOL_SUCCESSES
-from roll.envs.registry import make_env
 from roll.pipeline.base.rl_workers import WITH_ENGINE_LOG_PROBS
 from roll.pipeline.rlvr.agentic_config import EnvArguments
 from roll.pipeline.rlvr.env_workers import EnvWorkers
@@ -98,8 +97,7 @@ class MultiTurnRollout:
             if env.num_env_workers:
                 manager = EnvWorkers(env, num_envs)
             else:
-                factory = lambda: make_env(env.name, env.kwargs, "env.name")  # noqa: E731
-                manager = EnvManager(factory, num_envs, env.max_concurrency, env.timeout_s)
+                manager = EnvManager(env.make_env, num_envs, env.max_concurrency, env.timeout_s)
             self._managers[num_envs] = manager
         return manager
 
