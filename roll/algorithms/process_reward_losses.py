@@ -1,4 +1,5 @@
-"""A process reward model's loss and metrics: per-token scores read only where a step ends.
+"""A process reward model's loss and metrics, and its scores as RL rewards: per-token scores read only where a
+step ends.
 
 `scores` are the model's logits at each response token `[B, R]`; `labels` hold 1 where the step ending
 at that token is correct and 0 where it is wrong; `mask` marks the tokens where a step ends (the last
@@ -7,10 +8,15 @@ token of its separator). Everything else (prompt, step text, padding) carries no
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
 from roll.utils.functionals import masked_mean
+
+# How a response's step rewards become one score: its worst step, or its last.
+StepAggregate = Literal["min", "last"]
 
 
 def step_bce_loss(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -34,3 +40,22 @@ def first_error_found(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Te
     # argmax returns the first maximum: the first marked position of each row.
     found = called_wrong.any(-1) & (called_wrong.int().argmax(-1) == wrong.int().argmax(-1))
     return found[has_error].float().mean()
+
+
+def step_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each step's reward on its end token: sigmoid(score), the model's probability that the step is correct,
+    where `mask` is 1; 0 elsewhere. `[B, R]` -> `[B, R]`."""
+    return torch.where(mask.bool(), torch.sigmoid(scores.float()), torch.zeros_like(scores, dtype=torch.float32))
+
+
+def aggregate_step_rewards(rewards: torch.Tensor, mask: torch.Tensor, how: StepAggregate) -> torch.Tensor:
+    """One score per response from its step rewards `[B, R]` at the step ends `mask`: the smallest (`min`) or the
+    last step's (`last`); 0 for a response without a step. `[B, R]` -> `[B]`."""
+    steps = mask.bool()
+    if how == "min":
+        worst = torch.where(steps, rewards, torch.full_like(rewards, torch.inf)).min(-1).values
+        return torch.where(steps.any(-1), worst, torch.zeros_like(worst))
+    # The last marked position of each row (0 when none, whose reward is then 0 as the mask is).
+    positions = torch.arange(1, rewards.shape[1] + 1, device=rewards.device)
+    last = (steps * positions).max(-1).values.sub(1).clamp(min=0)
+    return torch.where(steps.any(-1), rewards.gather(-1, last.unsqueeze(-1)).squeeze(-1), torch.zeros(len(rewards)))

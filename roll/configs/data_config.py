@@ -46,6 +46,9 @@ class DataArguments(SourceArguments):
     """Where prompts come from (data files read with Hugging Face `datasets`, or the built-in arithmetic task
     when both files are empty) and how they become the model's input (columns, chat template, lengths)."""
 
+    # The built-in task when both files are empty: `a op b=` answered directly, or `a op b+c=` worked in two
+    # steps, one a line (`a op b=s`, `s+c=t`: the steps a process reward model of rm_prm_arithmetic.yaml scores).
+    task: Literal["arithmetic", "two_step_arithmetic"] = "arithmetic"
     # Optional for conversations ending with an assistant turn (that turn is then the answer).
     answer_key: str = field(default="answer", metadata=_COLUMN)
     domain_key: str = field(default=DEFAULT_DOMAIN_KEY, metadata=_COLUMN)

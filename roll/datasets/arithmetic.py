@@ -19,6 +19,8 @@ class Problem:
     prompt: str
     answer: str
     domain: str = "math"
+    # The demonstrated response (SFT); empty: the answer alone.
+    demonstration: str = ""
 
 
 def arithmetic_problems(
@@ -37,6 +39,26 @@ def arithmetic_problems(
     random.Random(seed).shuffle(problems)
     held_out = max(1, int(len(problems) * held_out_fraction))
     return problems[held_out:], problems[:held_out]
+
+
+def two_steps(expression: str, partial: int, third: int, total: int) -> list[str]:
+    """The two steps of `expression + third` worked out: `expression=partial`, then `partial+third=total`."""
+    return [f"{expression}={partial}", f"{partial}+{third}={total}"]
+
+
+def two_step_problems(problems: list[Problem], seed: int) -> list[Problem]:
+    """Each problem `a op b=` extended to `a op b+c=` (c in [0, 19], seeded), answered by the total and
+    demonstrated as its two steps, each on a line of its own (`two_steps`)."""
+    rng = random.Random(seed + 3)  # a stream of its own: the other built-in sets start theirs from `seed`
+    extended = []
+    for problem in problems:
+        expression, third = problem.prompt[:-1], rng.randint(0, 19)
+        total = int(problem.answer) + third
+        steps = two_steps(expression, int(problem.answer), third, total)
+        extended.append(
+            Problem(f"{expression}+{third}=", str(total), problem.domain, "".join(step + "\n" for step in steps))
+        )
+    return extended
 
 
 def wrong_answers(problems: list[Problem], max_offset: int = 5, seed: int = 0) -> list[str]:

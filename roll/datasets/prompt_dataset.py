@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from roll.configs.data_config import DataArguments, SourceArguments
 from roll.configs.schema import ConfigError
-from roll.datasets.arithmetic import Problem, arithmetic_problems
+from roll.datasets.arithmetic import Problem, arithmetic_problems, two_step_problems
 from roll.datasets.chat_format import format_prompt, use_chat_template
 from roll.datasets.sources import Source, quiet_progress, read_table, to_conversations
 from roll.distributed.scheduler.protocol import DataProto
@@ -48,7 +48,7 @@ def load_splits(
     or refused as `data.too_long` says; rows with an empty answer are dropped (`usable_rows`).
     """
     with quiet_progress():
-        tables = split_tables(data, lambda table, source: to_conversations(table, data, source), problems_table)
+        tables = split_tables(data, lambda table, source: to_conversations(table, data, source), task_table(data))
         train, held_out = (tokenize(table, tokenizer, data, max_response_length, source) for table, source in tables)
         return train, held_out
 
@@ -72,6 +72,13 @@ def split_tables(
     return [(built_in(problems), Source(f"{BUILT_IN} ({name})")) for problems, name in splits]
 
 
+def task_table(data: DataArguments) -> Callable[[Sequence[Problem]], datasets.Dataset]:
+    """How the built-in task's problems become a table (`data.task`): as they are, or each worked in two steps."""
+    if data.task == "two_step_arithmetic":
+        return lambda problems: problems_table(two_step_problems(list(problems), data.task_seed))
+    return problems_table
+
+
 def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
     """`problems` as a table of roll's columns (a one-turn conversation each)."""
     return datasets.Dataset.from_list(
@@ -79,7 +86,7 @@ def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
             {
                 "messages": [{"role": "user", "content": p.prompt}],
                 "answer": p.answer,
-                "demonstration": p.answer,
+                "demonstration": p.demonstration or p.answer,
                 "domain": p.domain,
             }
             for p in problems

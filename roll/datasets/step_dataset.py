@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from roll.configs.data_config import DEFAULT_DOMAIN, PreferenceDataArguments
 from roll.configs.schema import ConfigError
-from roll.datasets.arithmetic import Problem
+from roll.datasets.arithmetic import Problem, two_steps
 from roll.datasets.preference_dataset import map_columns, prompt_messages, read_splits
 from roll.datasets.prompt_dataset import Example, encode_demonstrations, encode_kwargs, encode_row, usable_rows
 from roll.datasets.sources import RowError, Source
@@ -71,7 +71,7 @@ def arithmetic_step_table(problems: Sequence[Problem], seed: int) -> datasets.Da
                 rows.append(
                     {
                         "messages": [{"role": "user", "content": f"{expression}+{third}="}],
-                        "steps": [f"{expression}={partial}", f"{partial}+{third}={total}"],
+                        "steps": two_steps(expression, partial, third, total),
                         "labels": [first_error is None or step < first_error for step in range(2)],
                     }
                 )
@@ -118,9 +118,7 @@ def tokenize_steps(
     def response_text(steps: list[str]) -> str:
         return "".join(step + data.step_separator for step in steps)
 
-    separator = tokenizer(data.step_separator, add_special_tokens=False)["input_ids"]
-    if not separator:
-        raise ConfigError(f"data.step_separator={data.step_separator!r} has no tokens under the model's tokenizer")
+    separator = separator_ids(tokenizer, data.step_separator, "data.step_separator")
     kwargs = {**encode_kwargs(tokenizer, data), "separator": separator}
     encoded = table.map(_encode_steps, fn_kwargs=kwargs, desc="tokenizing")
     kept = usable_rows(encoded, data, max_response_length, source, {"response_ids": "response"})
@@ -132,6 +130,37 @@ def tokenize_steps(
         )
         for row in kept.to_list()
     ]
+
+
+def separator_ids(tokenizer: PreTrainedTokenizerBase, separator: str, field_name: str) -> list[int]:
+    """The separator's token ids, tokenised on its own as the steps of training data are; a ConfigError naming
+    `field_name` when it has none."""
+    ids = tokenizer(separator, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ConfigError(
+            f"{field_name}={separator!r} has no tokens under the model's tokenizer; set another separator"
+        )
+    return ids
+
+
+def response_step_ends(response_ids: Sequence[int], separator: Sequence[int]) -> list[int]:
+    """Where the steps of a generated response end: the last token of each occurrence of `separator` (read left to
+    right, without overlaps), then the last token when text follows the last separator (a final step cut short).
+
+    On a response built from steps as `_encode_steps` builds it, these are its `step_ends`: a model trained on
+    those positions is read at the same ones.
+    """
+    ends, width, start, position = [], len(separator), 0, 0
+    while position + width <= len(response_ids):
+        if list(response_ids[position : position + width]) == list(separator):
+            position += width
+            ends.append(position - 1)
+            start = position
+        else:
+            position += 1
+    if start < len(response_ids):
+        ends.append(len(response_ids) - 1)
+    return ends
 
 
 def _encode_steps(

@@ -18,6 +18,7 @@ from roll.datasets.gsm8k_format import write_gsm8k_format
 from roll.envs.builtin.arithmetic import tool_use_rows
 from roll.envs.builtin.frozen_lake import noisy_expert_rows
 from roll.envs.builtin.guess_number import bisection_rows
+from roll.models.model_providers import load_tokenizer
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
@@ -48,6 +49,7 @@ PIPELINE_SCHEMAS = {
     "dpo_arithmetic": DPOConfig,
     "rm_arithmetic": RMConfig,
     "rm_prm_arithmetic": RMConfig,
+    "rlvr_prm_arithmetic": RLVRConfig,
     "distill_arithmetic": DistillConfig,
     "distill_onpolicy_arithmetic": RLVRConfig,
     "agentic_guess_number": RLVRConfig,
@@ -129,6 +131,12 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
         (tmp_path / "prompts.txt").write_text("".join(f"a photo of a cat, style {i}\n" for i in range(100)))
         model = "pretrain='tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16'"
         return [model, f"data.prompt_file={tmp_path / 'prompts.txt'}"]
+    if name == "rlvr_prm_arithmetic":  # its reward is rm_prm_arithmetic.yaml's export: a one-label token classifier
+        prm = tmp_path / "prm"
+        load_tokenizer("tiny://qwen2").save_pretrained(prm)
+        labels = {"architectures": ["Qwen2ForTokenClassification"], "id2label": {"0": "LABEL_0"}}
+        (prm / "config.json").write_text(json.dumps(labels))
+        return ["devices_per_node=2", "pretrain=tiny://qwen2", f"rewards.math.model_args.model_name_or_path={prm}"]
     if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
         rows = "".join(json.dumps(row) + "\n" for row in AGENTIC_TRANSCRIPTS[name]())
         (tmp_path / "train.jsonl").write_text(rows)

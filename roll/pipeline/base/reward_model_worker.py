@@ -1,8 +1,9 @@
-"""A reward cluster that scores responses with a trained reward model (a scalar head on a backbone).
+"""Reward clusters that score responses with a trained reward model (a scalar head on a backbone).
 
-Selected in RLVR by `rewards.<key>.worker_cls`, with the exported reward model (`roll-rm`) as the
-cluster's `model_args.model_name_or_path` and an inference strategy (hf_infer). It reads the same
-token ids the policy generated, so the reward model must share the policy's tokenizer.
+Selected in RLVR by `rewards.<key>.worker_cls`, with the exported model (`roll-rm`) as the cluster's
+`model_args.model_name_or_path` and an inference strategy (hf_infer): an outcome reward model scores a
+whole response (`RewardModelWorker`), a process reward model each of its steps (`ProcessRewardModelWorker`).
+They read the same token ids the policy generated, so the model must share the policy's tokenizer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 
 import torch
 
+from roll.algorithms.process_reward_losses import aggregate_step_rewards, step_rewards
 from roll.datasets.prompt_dataset import response_texts
+from roll.datasets.step_dataset import response_step_ends, separator_ids
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
@@ -24,6 +27,26 @@ def sequence_scores(output: Any) -> torch.Tensor:
     transformers reads it at each row's last non-pad token (responses are right-padded).
     """
     return output.logits[:, 0].float()
+
+
+def response_scores(output: Any, response_length: int) -> torch.Tensor:
+    """The score at each response token `[B, R]` of a token-classification output with one label, read at the token
+    itself (a step is scored once its separator has been read)."""
+    return output.logits[:, -response_length:, 0].float()
+
+
+def step_end_mask(
+    responses: torch.Tensor, lengths: torch.Tensor, separator: list[int], eos_id: int | None
+) -> torch.Tensor:
+    """1 at the last token of each step of each response `[B, R]` (`response_step_ends` over its first `lengths`
+    tokens, less a closing EOS), 0 elsewhere."""
+    mask = torch.zeros(responses.shape, dtype=torch.long)
+    for i, (row, length) in enumerate(zip(responses.tolist(), lengths.tolist(), strict=True)):
+        ids = row[:length]
+        if ids and ids[-1] == eos_id:
+            ids = ids[:-1]
+        mask[i, response_step_ends(ids, separator)] = 1
+    return mask
 
 
 class RewardModelWorker(StrategyWorker):
@@ -52,3 +75,39 @@ class RewardModelWorker(StrategyWorker):
             return None, {"scores": sequence_scores(output)}
 
         return self.strategy.forward_step(batch, forward)["scores"]
+
+
+class ProcessRewardModelWorker(StrategyWorker):
+    """Scores `[prompt | response]` rows with a process reward model (`roll-rm --config-name rm_prm_arithmetic`):
+    the response is split into steps at `step_separator` as the model's training data was, and each step's
+    reward is sigmoid of its score at the step's last token.
+
+    RLVR's `compute_rewards` gives `scores`, the `step_aggregate` of the steps (min or last: the sequence score of
+    grpo and rloo), and with `step_rewards` on, `turn_rewards` (each step's reward on its last token) for the
+    estimators that credit tokens one by one (reinforce_plus_plus, gae), the multi-turn path's layout.
+    """
+
+    model_kind: ModelKind = "value"
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_rewards(self, batch: DataProto) -> DataProto:
+        """`scores`, `reward_failed` (all 0), `response_text`, and `turn_rewards` / `turn_discounts` (all 1) when
+        the cluster gives step rewards."""
+        config = self.worker_config
+        data = batch.batch
+
+        def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
+            return None, {"step_scores": response_scores(output, micro_batch.batch["responses"].shape[1])}
+
+        scores = self.strategy.forward_step(batch, forward)["step_scores"]
+        separator = separator_ids(self.tokenizer, config.step_separator, f"{config.name}.step_separator")
+        lengths = data["response_mask"].sum(-1)
+        mask = step_end_mask(data["responses"], lengths, separator, self.tokenizer.eos_token_id)
+        rewards = step_rewards(scores, mask)
+        sequence_scores = aggregate_step_rewards(rewards, mask, config.step_aggregate)
+        tensors = {"scores": sequence_scores, "reward_failed": torch.zeros_like(sequence_scores)}
+        if config.step_rewards:
+            tensors |= {"turn_rewards": rewards, "turn_discounts": torch.ones_like(rewards)}
+        return DataProto.from_dict(
+            tensors=tensors, non_tensors={"response_text": response_texts(self.tokenizer, batch)}
+        )

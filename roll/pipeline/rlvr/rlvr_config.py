@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roll.algorithms.process_reward_losses import StepAggregate
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.data_config import DataArguments
 from roll.configs.schema import DOTTED_PATH, ConfigError, Rule, any_value, check, checked_in_validate
 from roll.configs.worker_config import NAME, WORKER_CLS, WorkerConfig
+from roll.datasets.step_dataset import separator_ids
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.models.model_providers import load_tokenizer
@@ -22,8 +24,20 @@ from roll.rewards.sandbox import import_reward_fn
 
 # The advantage estimators that credit each token with its own reward (the others sum a sequence's rewards first).
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "gae")
-# The reward cluster that scores responses with a trained reward model (`roll-rm`'s export) instead of a function.
+# The reward clusters that score responses with a trained reward model (`roll-rm`'s export) instead of a function:
+# an outcome reward model (a score per response) and a process reward model (a score per step).
 REWARD_MODEL_WORKER = "roll.pipeline.base.reward_model_worker.RewardModelWorker"
+PROCESS_REWARD_MODEL_WORKER = "roll.pipeline.base.reward_model_worker.ProcessRewardModelWorker"
+REWARD_MODEL_WORKERS = (REWARD_MODEL_WORKER, PROCESS_REWARD_MODEL_WORKER)
+# The head each reward-model cluster reads (transformers' architecture suffix) and the roll-rm run that exports it.
+_REWARD_MODEL_HEADS = {
+    REWARD_MODEL_WORKER: ("ForSequenceClassification", "reward model", "roll-rm"),
+    PROCESS_REWARD_MODEL_WORKER: (
+        "ForTokenClassification",
+        "process reward model",
+        "roll-rm --config-name rm_prm_arithmetic",
+    ),
+}
 
 
 def _dotted_paths(value: str | list[str], path: str) -> None:
@@ -35,9 +49,12 @@ def _dotted_paths(value: str | list[str], path: str) -> None:
         DOTTED_PATH.check(item, path if isinstance(value, str) else f"{path}[{i}]")
 
 
-def check_reward_model_dir(path: str, field_name: str) -> None:
-    """`path` is an exported reward model: a config.json of a sequence-classification architecture with one label."""
-    fix = "set it to a reward model exported by roll-rm (<run_dir>/model)"
+def check_reward_model_dir(path: str, field_name: str, worker_cls: str = REWARD_MODEL_WORKER) -> None:
+    """`path` is a model `worker_cls` reads: a config.json of the architecture of its head
+    (*ForSequenceClassification for an outcome reward model, *ForTokenClassification for a process one) with one
+    label."""
+    head, kind, command = _REWARD_MODEL_HEADS[worker_cls]
+    fix = f"set it to a model exported by `{command}` (<run_dir>/model)"
     if path.startswith(TINY_SCHEME):
         raise ConfigError(f"{field_name}={path!r} is a causal LM, not a reward model; {fix}")
     config_file = Path(path).expanduser() / "config.json"
@@ -48,11 +65,15 @@ def check_reward_model_dir(path: str, field_name: str) -> None:
     architectures = config.get("architectures") or []
     # transformers writes num_labels as id2label (two labels when it has none).
     labels = len(config.get("id2label") or {}) or 2
-    if not any(name.endswith("ForSequenceClassification") for name in architectures) or labels != 1:
-        raise ConfigError(
-            f"{field_name}={path!r} is not a reward model: architectures {architectures} with {labels} label(s), "
-            f"not a *ForSequenceClassification with 1 label; {fix}"
-        )
+    if any(name.endswith(head) for name in architectures) and labels == 1:
+        return
+    for other, (other_head, _, _) in _REWARD_MODEL_HEADS.items():
+        if other != worker_cls and labels == 1 and any(name.endswith(other_head) for name in architectures):
+            fix = f"{fix}, or set the cluster's worker_cls to {other}, which reads this model"
+    raise ConfigError(
+        f"{field_name}={path!r} is not a {kind}: architectures {architectures} with {labels} label(s), "
+        f"not a *{head} with 1 label; {fix}"
+    )
 
 
 @dataclass
@@ -78,6 +99,16 @@ class RewardConfig(WorkerConfig):
         metadata=check(items=Rule(ge=0), hint="one weight per reward_fn entry; empty weighs each 1", bad=[-1.0]),
     )
     timeout_s: float = field(default=10.0, metadata=check(gt=0))
+    # A process reward model (worker_cls PROCESS_REWARD_MODEL_WORKER): the text after each step, as in the data it
+    # was trained on (data.step_separator of roll-rm); a response is split into steps there.
+    step_separator: str = field(
+        default="\n", metadata=check(nonempty=True, expect="the text after each step, e.g. '\\n' or ' ки'")
+    )
+    # A process reward model: each step's reward on its last token, for reinforce_plus_plus and gae (false: the
+    # step_aggregate on the response's last token, for any estimator).
+    step_rewards: bool = True
+    # A process reward model: a response's score from its step rewards, its worst step's or its last step's.
+    step_aggregate: StepAggregate = "min"
 
     @property
     def reward_fns(self) -> list[str]:
@@ -193,7 +224,12 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         if self.env is not None:
             lines += self.env.describe(samples, infer.generating_args.max_new_tokens)
         for key, reward in self.reward_clusters().items():
-            lines.append(f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)")
+            line = f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)"
+            if reward.worker_cls == PROCESS_REWARD_MODEL_WORKER:
+                split = f"split into steps at {reward.step_separator!r}"
+                given = "each step's reward on its last token" if reward.step_rewards else "the sample's score"
+                line += f", {split}; the process reward model gives {given} (score: {reward.step_aggregate} step)"
+            lines.append(line)
         return lines
 
     def sequence_lengths(self) -> tuple[int, int, int | None]:
@@ -242,7 +278,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         if self.env is None and not self.rewards:
             raise ConfigError("rewards: configure at least one reward cluster, e.g. rewards.math, or set env")
         for key, reward in self.reward_clusters().items():
-            if reward.worker_cls == REWARD_MODEL_WORKER:
+            if reward.worker_cls in REWARD_MODEL_WORKERS:
                 self._check_reward_model(key, reward)
                 continue
             for dotted in reward.reward_fns:
@@ -268,7 +304,8 @@ class RLVRConfig(ResumableRun, PipelineConfig):
                 f"rewards.{key}.strategy_args.strategy_name={strategy}: a reward-model cluster needs an inference "
                 "strategy; set it to hf_infer"
             )
-        check_reward_model_dir(reward.model_args.model_name_or_path, f"rewards.{key}.model_args.model_name_or_path")
+        path = reward.model_args.model_name_or_path
+        check_reward_model_dir(path, f"rewards.{key}.model_args.model_name_or_path", reward.worker_cls)
         if reward.max_tokens_per_microbatch is not None:
             raise ConfigError(
                 f"rewards.{key}.max_tokens_per_microbatch must be null: a token budget may pack rows into one, "
@@ -278,6 +315,31 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             raise ConfigError(
                 f"rewards.{key}.reward_weights weighs reward_fn entries, but a reward-model cluster scores with its "
                 "model alone; leave reward_weights empty"
+            )
+        if reward.worker_cls == PROCESS_REWARD_MODEL_WORKER:
+            self._check_step_rewards(key, reward)
+
+    def _check_step_rewards(self, key: str, reward: RewardConfig) -> None:
+        """Per-step rewards need an estimator that credits tokens one by one, and no other reward cluster (whose
+        scores would have no steps to join)."""
+        separator_ids(
+            load_tokenizer(reward.model_args.model_name_or_path), reward.step_separator, f"rewards.{key}.step_separator"
+        )
+        if not reward.step_rewards:
+            return
+        estimator = self.algorithm.adv_estimator
+        if estimator not in TOKEN_LEVEL_ESTIMATORS:
+            raise ConfigError(
+                f"rewards.{key}.step_rewards=true puts each step's reward on its own token, which "
+                f"algorithm.adv_estimator={estimator} would sum into one score per sample; set "
+                f"rewards.{key}.step_rewards=false to score each sample by its step_aggregate "
+                f"({reward.step_aggregate}), or use reinforce_plus_plus (or gae with a critic)"
+            )
+        others = sorted(set(self.reward_clusters()) - {key})
+        if others:
+            raise ConfigError(
+                f"rewards.{key}.step_rewards=true gives per-step rewards, which the scores of rewards.{others[0]} "
+                f"cannot join; set rewards.{key}.step_rewards=false, or score every domain with rewards.{key}"
             )
 
     def _check_teacher(self) -> None:

@@ -19,7 +19,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base import checkpoint_state
-from roll.pipeline.base.evaluation import greedy_accuracy
+from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.rl_workers import LOG_PROB_TEMPERATURE, MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
@@ -27,7 +27,7 @@ from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.rlvr import phases, step_plan
 from roll.pipeline.rlvr.async_generation import BackgroundCall, InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.env_rollout import EnvRollouts, EpisodeSeeds
-from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKERS, RLVRConfig
 from roll.pipeline.rlvr.rollout import (
     add_overlong_penalty,
     compute_advantages,
@@ -74,6 +74,10 @@ class RLVRPipeline(BasePipeline):
             self.sampler = make_sampler(
                 self.train_examples, config.rollout_batch_size, config.seed, config.data.domain_weights
             )
+        # Held-out answers are checked by the reward functions; a reward model's score is no verdict, so runs scored
+        # by reward models alone check them as SFT does.
+        model_scored = all(r.worker_cls in REWARD_MODEL_WORKERS for r in config.reward_clusters().values())
+        self.eval_score = answer_scorer(self.tokenizer) if model_scored and config.env is None else self.score
         self.kl_controller = (
             AdaptiveKLController(algorithm.kl_penalty_coef, algorithm.adaptive_kl_target, algorithm.adaptive_kl_horizon)
             if algorithm.adaptive_kl_target is not None
@@ -219,11 +223,13 @@ class RLVRPipeline(BasePipeline):
         return batch
 
     def _scored(self, batch: DataProto, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
-        """`batch` with its rows' `scores` (plus the overlong penalty, if configured), `reward_failed` and
-        `response_text` from the reward clusters."""
+        """`batch` with its rows' `scores` (plus the overlong penalty, if configured), `reward_failed`,
+        `response_text` and any per-step rewards from the reward clusters."""
         with self.residency.timed(phases.REWARDS, timings):
             rewards = self._rewards(batch)
-            batch = batch.union(rewards.select(batch_keys=["scores", "reward_failed"]))
+            # A process reward model's step rewards come as `turn_rewards` (the multi-turn layout).
+            keys = [k for k in ("scores", "reward_failed", "turn_rewards", "turn_discounts") if k in rewards.batch]
+            batch = batch.union(rewards.select(batch_keys=keys))
             batch.non_tensor_batch["response_text"] = rewards.non_tensor_batch["response_text"]
         algorithm = self.config.algorithm
         if algorithm.overlong_buffer_len is not None:
@@ -403,7 +409,7 @@ class RLVRPipeline(BasePipeline):
             self.eval_examples,
             self.pad_id,
             self.config.actor_infer.generating_args,
-            self.score,
+            self.eval_score,
         )
         return {"val/accuracy": accuracy}
 

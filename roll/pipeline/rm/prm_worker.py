@@ -18,13 +18,8 @@ from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.micro_batches import step_normalised
 from roll.models.model_providers import ModelKind
+from roll.pipeline.base.reward_model_worker import response_scores
 from roll.utils.functionals import masked_mean
-
-
-def response_scores(output: Any, response_length: int) -> torch.Tensor:
-    """The score at each response token `[B, R]`, read at the token itself (a step is scored once its separator
-    has been read)."""
-    return output.logits[:, -response_length:, 0].float()
 
 
 def process_objective(

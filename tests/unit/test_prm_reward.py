@@ -1,0 +1,203 @@
+"""A process reward model as RLVR's reward: steps found in generated responses, step rewards on their end tokens and
+the min / last aggregates by hand, the advantages they feed, the two-step prompts and the config checks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from roll.algorithms.process_reward_losses import aggregate_step_rewards, step_rewards
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.data_config import DataArguments, PreferenceDataArguments
+from roll.configs.schema import ConfigError
+from roll.datasets.prompt_dataset import load_splits
+from roll.datasets.step_dataset import load_step_splits, response_step_ends
+from roll.distributed.scheduler.protocol import DataProto
+from roll.models.model_providers import load_tokenizer
+from roll.pipeline.base.reward_model_worker import ProcessRewardModelWorker, step_end_mask
+from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_MODEL_WORKER, REWARD_MODEL_WORKER
+from roll.pipeline.rlvr.rollout import compute_advantages
+from tests.unit.test_rm import rlvr_with_reward_model, write_model_config
+
+# Logits at four response tokens of two responses; the first has steps ending at tokens 1 and 3, the second none.
+SCORES = torch.tensor([[3.0, -1.0, 4.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
+MASK = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0]])
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_step_rewards_sit_on_the_step_end_tokens_and_aggregate_to_the_min_or_the_last() -> None:
+    rewards = step_rewards(SCORES, MASK)
+    expected = torch.tensor([[0.0, sigmoid(-1.0), 0.0, sigmoid(2.0)], [0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(rewards, expected)
+    # Worst step 0.2689, last step 0.8808; a response without a step scores 0 either way.
+    torch.testing.assert_close(aggregate_step_rewards(rewards, MASK, "min"), torch.tensor([0.26894142, 0.0]))
+    torch.testing.assert_close(aggregate_step_rewards(rewards, MASK, "last"), torch.tensor([0.88079708, 0.0]))
+
+
+@pytest.mark.parametrize(
+    ("ids", "separator", "ends"),
+    [
+        ([5, 67, 6, 67], [67], [1, 3]),
+        ([5, 67, 6], [67], [1, 2]),  # a last step without its separator ends at the last token
+        ([67, 67], [67], [0, 1]),
+        ([], [67], []),
+        ([1, 8, 9, 8, 9, 2], [8, 9], [2, 4, 5]),  # a separator of two tokens: its last one
+    ],
+)
+def test_steps_of_a_generated_response_end_at_each_separator(
+    ids: list[int], separator: list[int], ends: list[int]
+) -> None:
+    assert response_step_ends(ids, separator) == ends
+
+
+def test_generated_responses_are_split_where_the_prm_training_data_marks_step_ends() -> None:
+    tokenizer = load_tokenizer("tiny://qwen2")
+    train, _ = load_step_splits(PreferenceDataArguments(format="steps", apply_chat_template=False), tokenizer, 20)
+    separator = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    for row in train[:200]:
+        assert response_step_ends(row.example.response_ids, separator) == list(row.step_ends)
+
+
+class _FixedScoresStrategy:
+    """Runs the worker's forward function on token-classification logits of SCORES' first row at every row."""
+
+    def forward_step(self, batch: DataProto, forward_func: Any) -> dict[str, torch.Tensor]:
+        rows, width = batch.batch["input_ids"].shape
+        logits = torch.zeros(rows, width, 1)
+        logits[:, -4:, 0] = SCORES[0]
+        return forward_func(batch, SimpleNamespace(logits=logits))[1]
+
+
+@pytest.mark.parametrize(("step_rewards_on", "aggregate", "score"), [(True, "min", -1.0), (False, "last", 2.0)])
+def test_the_prm_worker_scores_steps_of_generated_ids_and_drops_the_closing_eos(
+    step_rewards_on: bool, aggregate: str, score: float
+) -> None:
+    tokenizer = load_tokenizer("tiny://qwen2")
+    sep, eos = tokenizer("\n", add_special_tokens=False)["input_ids"][0], tokenizer.eos_token_id
+    # `7\n9\n<eos>` cut to four tokens (steps end at 1 and 3), and an empty response.
+    responses = torch.tensor([[11, sep, 13, sep], [eos, 0, 0, 0]])
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([torch.full((2, 2), 7), responses], 1),
+            "attention_mask": torch.ones(2, 6, dtype=torch.long),
+            "responses": responses,
+            "response_mask": torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]),
+        }
+    )
+    config = SimpleNamespace(step_separator="\n", step_rewards=step_rewards_on, step_aggregate=aggregate, name="r")
+    worker = SimpleNamespace(
+        strategy=_FixedScoresStrategy(), tokenizer=tokenizer, worker_config=config, compute_seconds=0.0
+    )
+    out = ProcessRewardModelWorker.compute_rewards(worker, batch).batch
+    assert out["scores"].tolist() == pytest.approx([sigmoid(score), 0.0])
+    assert out["reward_failed"].tolist() == [0.0, 0.0]
+    if step_rewards_on:
+        torch.testing.assert_close(out["turn_rewards"], step_rewards(SCORES, MASK))
+        assert out["turn_discounts"].eq(1).all()
+    else:
+        assert "turn_rewards" not in out
+    assert step_end_mask(torch.tensor([[11, sep, eos, 0]]), torch.tensor([3]), [sep], eos).tolist() == [[0, 1, 0, 0]]
+
+
+def test_token_level_estimators_credit_each_step_and_outcome_estimators_read_the_aggregate() -> None:
+    rewards = step_rewards(SCORES, MASK)
+    batch = DataProto.from_dict(
+        tensors={
+            "scores": aggregate_step_rewards(rewards, MASK, "min"),
+            "turn_rewards": rewards,
+            "turn_discounts": torch.ones_like(rewards),
+            "response_mask": torch.ones(2, 4, dtype=torch.long),
+        }
+    )
+    group = torch.tensor([0, 0])
+    token_level = AlgorithmArguments(adv_estimator="reinforce_plus_plus", whiten_advantages=False)
+    out, _ = compute_advantages(batch, group, token_level, 0.0)
+    torch.testing.assert_close(out.batch["token_rewards"], rewards)
+    # Returns to go (gamma 1): both steps' rewards before the first step's end, the second's after it.
+    low, high = sigmoid(-1.0), sigmoid(2.0)
+    torch.testing.assert_close(out.batch["returns"][0], torch.tensor([low + high, low + high, high, high]))
+    out, _ = compute_advantages(batch, group, AlgorithmArguments(adv_estimator="grpo"), 0.0)
+    assert out.batch["token_rewards"][0].tolist() == pytest.approx([0.0, 0.0, 0.0, low])  # the min, at the end
+
+
+def test_the_two_step_task_prompts_a_sum_of_three_and_demonstrates_both_steps() -> None:
+    tokenizer = load_tokenizer("tiny://qwen2")
+    data = DataArguments(task="two_step_arithmetic", apply_chat_template=False)
+    train, held_out = load_splits(data, tokenizer, 24)
+    assert len(train) == 640 and len(held_out) == 160
+    for example in train[:50]:
+        expression, third = example.prompt[:-1].rsplit("+", 1)
+        partial = eval(expression)
+        assert example.answer == str(partial + int(third))
+        worked = tokenizer.decode(example.response_ids, skip_special_tokens=True)
+        assert worked == f"{expression}={partial}\n{partial}+{third}={example.answer}\n"
+
+
+def prm_rlvr(tmp_path: Path, model: str, *overrides: str) -> Any:
+    return rlvr_with_reward_model(
+        tmp_path,
+        f"rewards.math.worker_cls={PROCESS_REWARD_MODEL_WORKER}",
+        f"rewards.math.model_args.model_name_or_path={model}",
+        "rewards.math.strategy_args.strategy_name=hf_infer",
+        *overrides,
+    )
+
+
+@pytest.fixture
+def prm_dir(tmp_path: Path) -> str:
+    path = write_model_config(tmp_path / "prm", ["Qwen2ForTokenClassification"], 1)
+    tokenizer = load_tokenizer("tiny://qwen2")
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_prm_export_passes_with_step_rewards_or_with_its_aggregate(tmp_path: Path, prm_dir: str) -> None:
+    config = prm_rlvr(tmp_path, prm_dir, "algorithm.adv_estimator=reinforce_plus_plus")
+    assert config.rewards["math"].step_rewards and config.rewards["math"].step_aggregate == "min"
+    prm_rlvr(tmp_path, prm_dir, "rewards.math.step_rewards=false", "rewards.math.step_aggregate=last")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [],  # the YAML's grpo
+            r"rewards\.math\.step_rewards=true puts each step's reward on its own token, which "
+            r"algorithm\.adv_estimator=grpo would sum .* set rewards\.math\.step_rewards=false",
+        ),
+        (
+            ["algorithm.adv_estimator=reinforce_plus_plus", "+rewards.code.domains=[code]"],
+            r"rewards\.math\.step_rewards=true gives per-step rewards, which the scores of rewards\.code cannot join",
+        ),
+        (["rewards.math.step_aggregate=mean"], r"rewards\.math\.step_aggregate"),
+    ],
+)
+def test_rlvr_refuses_step_rewards_it_cannot_use(
+    overrides: list[str], message: str, tmp_path: Path, prm_dir: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        prm_rlvr(tmp_path, prm_dir, *overrides)
+
+
+def test_each_reward_model_worker_refuses_the_other_kind_of_export_naming_the_fix(tmp_path: Path, prm_dir: str) -> None:
+    outcome = write_model_config(tmp_path / "rm", ["Qwen2ForSequenceClassification"], 1)
+    with pytest.raises(
+        ConfigError,
+        match=rf"model_name_or_path='{outcome}' is not a process reward model: .* not a \*ForTokenClassification "
+        rf"with 1 label; .*rm_prm_arithmetic.* or set the cluster's worker_cls to {REWARD_MODEL_WORKER}",
+    ):
+        prm_rlvr(tmp_path, outcome, "algorithm.adv_estimator=reinforce_plus_plus")
+    with pytest.raises(ConfigError, match=rf"worker_cls to {PROCESS_REWARD_MODEL_WORKER}"):
+        rlvr_with_reward_model(
+            tmp_path,
+            f"rewards.math.model_args.model_name_or_path={prm_dir}",
+            "rewards.math.strategy_args.strategy_name=hf_infer",
+        )
