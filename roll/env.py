@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, get_args
 
 import roll
 from roll.platforms import PLATFORM_ENV, Platform, current_platform, detect_platform
-from roll.platforms.cpu import cpu_model_name
+from roll.platforms.cpu import cpu_model_name, parse_cpu_flags
 from roll.platforms.platform import DtypeName
 
 if TYPE_CHECKING:
@@ -150,6 +150,7 @@ def platform_section() -> dict[str, str]:
     }
     for dtype in get_args(DtypeName):
         section[dtype] = probe(functools.partial(dtype_support, chosen, dtype))
+    section["dtype: auto"] = probe(chosen.preferred_dtype)
     return section
 
 
@@ -180,15 +181,6 @@ def dtype_support(chosen: Platform, dtype: DtypeName) -> str:
     """'yes', or 'no' with the platform's reason."""
     reason = chosen.dtype_unsupported_reason(dtype)
     return f"no: {reason}" if reason else "yes"
-
-
-def parse_cpu_flags(cpuinfo: str) -> set[str]:
-    """The feature flags of the first processor in /proc/cpuinfo text (`flags` on x86, `Features` on Arm)."""
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
 
 
 def cpu_section(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:

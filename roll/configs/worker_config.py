@@ -6,13 +6,18 @@ checked by the pipeline config's `validate()`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll.configs.device_mapping import parse_device_mapping
 from roll.configs.schema import DOTTED_PATH, SEED, ConfigError, Rule, any_value, check, checked_in_validate
+from roll.platforms import resolve_dtype
 
-Dtype = Literal["fp32", "bf16", "fp16"]
+logger = logging.getLogger(__name__)
+
+# "auto": bf16 where the run's devices compute it in hardware, else fp32 (`Platform.preferred_dtype`).
+Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 NAME = Rule(nonempty=True, expect="a non-empty name")
 # Empty until a role sets it (resolve() then demands it).
@@ -30,7 +35,7 @@ class ModelArguments:
             bad="/no/such/model/directory",
         ),
     )
-    dtype: Dtype = "bf16"
+    dtype: Dtype = "auto"
     attn_implementation: str = field(default="sdpa", metadata=check(choices=ATTENTION_IMPLEMENTATIONS))
     lora_rank: int = field(default=0, metadata=check(ge=0, hint="0 trains the full model"))
     lora_alpha: int = field(default=16, metadata=check(gt=0))
@@ -153,9 +158,13 @@ class WorkerConfig:
     def resolve(self, name: str, total_devices: int) -> None:
         """Name the role, parse its devices and check them against the cluster; raise ConfigError.
 
-        The strategy block is the backend's to check (`PipelineConfig.validate` asks the registry).
+        The strategy block is the backend's to check (`PipelineConfig.validate` asks the registry). A dtype of
+        "auto" becomes the run's platform's choice here, so every backend and estimate sees a precision.
         """
         self.name = name
+        if self.model_args.dtype == "auto":
+            self.model_args.dtype = resolve_dtype("auto")
+            logger.info("%s.model_args.dtype=auto -> %s on this machine", name, self.model_args.dtype)
         if not self.worker_cls:
             raise ConfigError(f"{name}.worker_cls is empty: set it to the dotted path of a Worker class")
         if self.device_mapping is None:

@@ -18,6 +18,7 @@ from transformers import (
 from roll.configs.worker_config import ModelArguments
 from roll.models.reward_pooling import pool_at_last_attended_token
 from roll.models.tiny import TINY_SCHEME, build_char_tokenizer, resolve_model_path
+from roll.platforms import resolve_dtype
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 
@@ -33,9 +34,10 @@ _PEFT_TASKS = {"causal_lm": "CAUSAL_LM", "value": "TOKEN_CLS", "reward": "SEQ_CL
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """The torch dtype of a config dtype name: "fp32", "bf16" or "fp16"."""
+    """The torch dtype of a config dtype name: "fp32", "bf16", "fp16", or "auto" (the platform's choice)."""
+    name = resolve_dtype(name)
     if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r} is not one of {', '.join(_DTYPES)}")
+        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
 
 

@@ -7,7 +7,7 @@ import os
 
 from roll.platforms.cpu import CpuPlatform
 from roll.platforms.cuda import CudaPlatform, NpuPlatform, RocmPlatform
-from roll.platforms.platform import MemoryStats, Platform
+from roll.platforms.platform import DtypeName, MemoryStats, Platform
 
 PLATFORMS: dict[str, type[Platform]] = {
     "cpu": CpuPlatform,
@@ -44,4 +44,17 @@ def current_platform() -> Platform:
     return get_platform(name) if name else detect_platform()
 
 
-__all__ = ["PLATFORMS", "PLATFORM_ENV", "MemoryStats", "Platform", "current_platform", "get_platform"]
+def resolve_dtype(name: str) -> DtypeName:
+    """A `model_args.dtype`, with "auto" replaced by the precision this run's platform computes fastest."""
+    return current_platform().preferred_dtype() if name == "auto" else name  # type: ignore[return-value]
+
+
+__all__ = [
+    "PLATFORMS",
+    "PLATFORM_ENV",
+    "MemoryStats",
+    "Platform",
+    "current_platform",
+    "get_platform",
+    "resolve_dtype",
+]

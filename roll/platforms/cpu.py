@@ -6,6 +6,7 @@ import functools
 import os
 import resource
 from dataclasses import dataclass
+from pathlib import Path
 
 from roll.platforms.platform import DtypeName, MemoryStats, Platform, host_rss_bytes
 
@@ -42,6 +43,33 @@ class CpuPlatform(Platform):
             return ""
         x86_hint = "; x86 needs AVX512-FP16 or AMX-FP16" if os.uname().machine in ("x86_64", "i686") else ""
         return f"{cpu_model_name()}: oneDNN finds no fp16 support{x86_hint}"
+
+    def preferred_dtype(self) -> DtypeName:
+        """bf16 only on CPUs with bf16 instructions: elsewhere torch emulates bf16 products, which
+        `benchmarks/precision.py` measured 40x slower than fp32 on an AVX2 CPU."""
+        return "bf16" if NATIVE_BF16_FLAGS & cpu_flags() else "fp32"
+
+
+# The CPU feature flags of bf16 arithmetic in hardware: x86's AMX and AVX512-BF16, Arm's BF16 extension.
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
+
+
+def parse_cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of the first processor in /proc/cpuinfo text (`flags` on x86, `Features` on Arm)."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags (empty when /proc/cpuinfo cannot be read)."""
+    try:
+        return frozenset(parse_cpu_flags(Path("/proc/cpuinfo").read_text()))
+    except OSError:
+        return frozenset()
 
 
 @functools.cache

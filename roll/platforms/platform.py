@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
 
-# The precisions a role's `model_args.dtype` names.
+# The precisions a role's `model_args.dtype` names (besides "auto", which the platform turns into one of them).
 DtypeName = Literal["fp32", "bf16", "fp16"]
 
 
@@ -73,6 +73,11 @@ class Platform(ABC):
     def supports_dtype(self, dtype: DtypeName) -> bool:
         """Whether this machine's devices compute in `dtype` for training and inference."""
         return not self.dtype_unsupported_reason(dtype)
+
+    def preferred_dtype(self) -> DtypeName:
+        """What `model_args.dtype: auto` becomes: bf16 where the devices compute it, else fp32 (never fp16, whose
+        loss scaling changes training)."""
+        return "bf16" if self.supports_dtype("bf16") else "fp32"
 
     @abstractmethod
     def dtype_unsupported_reason(self, dtype: DtypeName) -> str:

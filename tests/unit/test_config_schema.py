@@ -53,7 +53,7 @@ def test_wrong_types_are_errors_not_coercions(data: dict, message: str) -> None:
 
 
 def test_literal_field_lists_allowed_values() -> None:
-    with pytest.raises(ConfigError, match=r"model_args.dtype: 'bf17' is not one of 'fp32', 'bf16', 'fp16'"):
+    with pytest.raises(ConfigError, match=r"model_args.dtype: 'bf17' is not one of 'auto', 'fp32', 'bf16', 'fp16'"):
         from_dict(WorkerConfig, {"model_args": {"dtype": "bf17"}}, "")
 
 

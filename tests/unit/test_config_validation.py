@@ -511,3 +511,20 @@ def test_resume_from_checkpoint_honours_a_full_path_exactly_as_given(tmp_path: P
     run.sampler = types.SimpleNamespace(load_state_dict=loaded.append)
     assert run.resume() == state
     assert loaded == [(str(other / "actor_train"), "step_2"), state["sampler"]]
+
+
+def test_auto_dtype_becomes_the_platforms_choice_for_every_role(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model_args.dtype=auto` leaves validate() as a precision the backends know, on every role."""
+    from roll.distributed.strategy.deepspeed_config import resolve_deepspeed_config
+    from roll.platforms.cpu import CpuPlatform
+
+    for choice in ("bf16", "fp32"):
+        monkeypatch.setattr(CpuPlatform, "preferred_dtype", lambda self, choice=choice: choice)
+        config = rlvr(f"output_dir={tmp_path}", "actor_train.model_args.dtype=auto", "reference.model_args.dtype=auto")
+        dtypes = {name: role.model_args.dtype for name, role in config.roles().items()}
+        assert dtypes["actor_train"] == dtypes["reference"] == choice
+        assert dtypes["actor_infer"] == "fp32"  # named in the YAML: kept
+        deepspeed = resolve_deepspeed_config(config.actor_train, training=True)
+        assert deepspeed["bf16"]["enabled"] is (choice == "bf16")

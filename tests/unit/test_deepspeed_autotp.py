@@ -105,7 +105,7 @@ def tiny_train_role(block: dict[str, Any]) -> WorkerConfig:
     role = WorkerConfig(
         worker_cls="roll.pipeline.base.rl_workers.ActorWorker",
         device_mapping="0-3",
-        model_args=ModelArguments(model_name_or_path="tiny://qwen2"),
+        model_args=ModelArguments(model_name_or_path="tiny://qwen2", dtype="bf16"),
         strategy_args=StrategyArguments(strategy_name="deepspeed_train", strategy_config=block),
     )
     role.resolve("actor_train", 4)

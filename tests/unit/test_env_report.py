@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from roll import env
+from roll.platforms.cpu import parse_cpu_flags
 from tests.conftest import REPO_ROOT
 
 SECTIONS = ["versions", "platform", "cpu", "deepspeed ops", "ray cluster"]
@@ -86,7 +87,7 @@ def test_a_vendor_distribution_is_named() -> None:
 
 
 def test_cpu_flags_are_parsed_from_the_first_processor() -> None:
-    assert env.parse_cpu_flags(X86_CPUINFO) == {
+    assert parse_cpu_flags(X86_CPUINFO) == {
         "fpu",
         "vme",
         "sse2",
@@ -97,8 +98,8 @@ def test_cpu_flags_are_parsed_from_the_first_processor() -> None:
         "amx_bf16",
         "amx_tile",
     }
-    assert env.parse_cpu_flags(ARM_CPUINFO) == {"fp", "asimd", "sve", "bf16", "i8mm"}
-    assert env.parse_cpu_flags("processor\t: 0\n") == set()
+    assert parse_cpu_flags(ARM_CPUINFO) == {"fp", "asimd", "sve", "bf16", "i8mm"}
+    assert parse_cpu_flags("processor\t: 0\n") == set()
 
 
 def test_cpu_section_reads_the_flags_that_matter(tmp_path: Path) -> None:

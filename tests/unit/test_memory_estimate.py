@@ -60,7 +60,7 @@ def build_and_count(tmp_path: Path, reference: str, kind: str = "causal_lm", **m
     from roll.models.tiny import resolve_model_path
 
     path = resolve_model_path(reference, cache_dir=str(tmp_path))
-    model = load_model(ModelArguments(model_name_or_path=path, **model_args), kind)
+    model = load_model(ModelArguments(model_name_or_path=path, **{"dtype": "bf16", **model_args}), kind)
     params = list(model.parameters())
     return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
@@ -272,7 +272,7 @@ def test_activations_are_what_autograd_saves(tmp_path: Path, attention: str) -> 
     from roll.models.tiny import resolve_model_path
 
     reference = "tiny://qwen2?hidden_size=64&num_heads=4&num_kv_heads=2&intermediate_size=160&num_layers=3"
-    args = ModelArguments(model_name_or_path=resolve_model_path(reference, cache_dir=str(tmp_path)))
+    args = ModelArguments(model_name_or_path=resolve_model_path(reference, cache_dir=str(tmp_path)), dtype="bf16")
     model = load_model(dataclasses.replace(args, attn_implementation=attention), trainable=True)
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -303,7 +303,7 @@ def train_role(block: dict[str, Any], ranks: int = 2, **training: Any) -> Worker
         worker_cls="roll.pipeline.base.rl_workers.ActorWorker",
         device_mapping=f"0-{ranks - 1}",
         infer_batch_size=4,
-        model_args=ModelArguments(model_name_or_path=TINY),
+        model_args=ModelArguments(model_name_or_path=TINY, dtype="bf16"),
         strategy_args=StrategyArguments(strategy_name="deepspeed_train", strategy_config=block),
         training_args=TrainingArguments(**training),
     )
@@ -396,7 +396,7 @@ def engine_role(strategy: str, config: dict[str, Any]) -> WorkerConfig:
     role = WorkerConfig(
         worker_cls="roll.pipeline.base.rl_workers.ActorWorker",
         device_mapping="0",
-        model_args=ModelArguments(model_name_or_path=TINY),
+        model_args=ModelArguments(model_name_or_path=TINY, dtype="bf16"),
         strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=config),
     )
     role.resolve("actor_infer", 1)

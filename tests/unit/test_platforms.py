@@ -91,3 +91,36 @@ def test_cuda_answers_for_its_gpus_not_the_cpu(monkeypatch: pytest.MonkeyPatch) 
     assert cuda.dtype_unsupported_reason("bf16") == "Tesla V100 has no bf16 support"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cuda.supports_dtype("bf16")  # a driver without GPUs cannot tell, so it does not refuse
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"avx2", "fma"}, "fp32"),  # AVX2 only: torch emulates bf16 products
+        ({"avx512f", "avx512_bf16"}, "bf16"),
+        ({"amx_tile", "amx_bf16"}, "bf16"),
+        ({"asimd", "bf16"}, "bf16"),  # Arm's BF16 extension
+        (set(), "fp32"),  # /proc/cpuinfo unreadable
+    ],
+)
+def test_cpu_auto_dtype_is_bf16_only_with_bf16_instructions(
+    monkeypatch: pytest.MonkeyPatch, flags: set[str], expected: str
+) -> None:
+    from roll.platforms import resolve_dtype
+
+    monkeypatch.setattr("roll.platforms.cpu.cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr("roll.platforms.current_platform", lambda: get_platform("cpu"))
+    assert get_platform("cpu").preferred_dtype() == expected
+    assert resolve_dtype("auto") == expected
+    assert resolve_dtype("fp16") == "fp16"  # a named precision is kept as it is
+
+
+def test_cuda_auto_dtype_is_bf16_where_the_gpu_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Tesla V100")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert get_platform("cuda").preferred_dtype() == "fp32"  # never fp16: its loss scaling changes training
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert get_platform("cuda").preferred_dtype() == "bf16"
