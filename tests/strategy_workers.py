@@ -13,7 +13,8 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.strategy_worker import StrategyWorker as PipelineStrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.strategy import Generation
+from roll.distributed.strategy.strategy import Generation, TrainStrategy
+from roll.models.hf_weights import hf_named_weights
 from roll.utils.functionals import masked_mean, response_log_probs
 
 
@@ -51,8 +52,26 @@ class StrategyWorker(PipelineStrategyWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def hf_weights(self) -> dict[str, torch.Tensor]:
-        """What this rank's weight sync sends (`iter_hf_weights`, which every rank runs): name -> tensor, on CPU."""
-        return {name: tensor.cpu() for name, tensor in self.strategy.iter_hf_weights()}
+        """What this rank's weight sync sends (`iter_hf_weights`, which every rank runs), or the weights an inference
+        engine holds: name -> tensor, on CPU."""
+        if isinstance(self.strategy, TrainStrategy):
+            weights = self.strategy.iter_hf_weights()
+        else:
+            weights = hf_named_weights(self.strategy.model)
+        return {name: tensor.detach().cpu() for name, tensor in weights}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def deepspeed_groups(self) -> dict[str, list[int]]:
+        """Global ranks of this rank's DeepSpeed data-parallel group and its tensor-parallel group ([rank] without
+        AutoTP): the groups the engine really averages gradients and all-gathers shards over."""
+        from deepspeed.utils import groups
+
+        engine = self.strategy.engine
+        tp = groups.get_tensor_model_parallel_group() if self.strategy.tp_size > 1 else None
+        return {
+            "dp": torch.distributed.get_process_group_ranks(engine.data_parallel_group),
+            "tp": torch.distributed.get_process_group_ranks(tp) if tp is not None else [self.rank],
+        }
 
 
 def generation_batch(generation: Generation) -> DataProto:

@@ -1,4 +1,5 @@
-"""deepspeed_train with DeepSpeed AutoTP (tensor_parallel.autotp_size=2) on 2 CPU ranks over gloo: tp=2, dp=1.
+"""deepspeed_train with DeepSpeed AutoTP (tensor_parallel.autotp_size=2) over gloo: tp=2, dp=1 on 2 CPU ranks, and
+dp=2 x tp=2 on four device slots (losses, a weight sync into hf_infer, a phase offload to disk).
 
 The tiny qwen2 has separate q/k/v projections; a tiny Falcon adds a fused query_key_value projection with a bias,
 which AutoTP cuts as a fused-QKV layer by default or as a sub-parameter layer under a `partition_config`.
@@ -7,6 +8,7 @@ which AutoTP cuts as a fused-QKV layer by default or as a sub-parameter layer un
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,12 @@ import torch
 from transformers import AutoModelForCausalLM, FalconConfig, FalconForCausalLM
 
 from roll.distributed.executor.cluster import Cluster
+from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sync
 from roll.models.tiny import build_char_tokenizer
+from roll.platforms import get_platform
 from tests.integration import test_deepspeed_strategy as deepspeed_roles
 from tests.integration.test_deepspeed_strategy import resume_losses, start_role, train_losses, zero_block
 from tests.strategy_workers import next_token_log_probs
@@ -198,3 +203,67 @@ def test_tp2_exports_and_syncs_the_full_weights_of_fused_qkv_layers_with_a_bias(
     for weights in synced:  # every rank sends the full tensors
         assert {name: t.shape for name, t in weights.items()} == {name: t.shape for name, t in exported.items()}
         assert all(torch.allclose(tensor, exported[name], atol=1e-6) for name, tensor in weights.items())
+
+
+# dp = 2 x tp = 2: four device slots on the 2-core machine (1 torch thread per rank), one reservation for every check.
+DP2_TP2_LAYOUT = [(0, 2, 0, 2), (0, 2, 1, 2), (1, 2, 0, 2), (1, 2, 1, 2)]
+
+
+@pytest.fixture(scope="module")
+def four_slots(ray_session: None) -> Iterator[ResourceManager]:
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=4, cpus_per_device=1)
+    yield manager
+    manager.destroy()
+
+
+def sync_to_engine(trainer: Cluster, engine: Cluster) -> dict[str, float]:
+    """One weight sync along the colocated routes: each engine worker takes the trainer rank on its device slot."""
+    plan = plan_weight_sync(
+        devices_per_worker(trainer.worker_config.devices, 1),
+        devices_per_worker(engine.worker_config.devices, 1),
+        engine.weight_sync_shards(),
+    )
+    return WeightSyncer(trainer, engine, plan, bucket_bytes=2**16).sync()
+
+
+def test_dp2_tp2_trains_like_plain_data_parallel_syncs_an_engine_and_survives_offload(
+    four_slots: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+) -> None:
+    plain = start_role(four_slots, model_path, zero_block(1), devices="0-1")  # dp = 2, tp = 1: the same 8 rows a step
+    try:
+        expected = train_losses(plain, batch, 2)
+    finally:
+        plain.shutdown()
+    trainer = start_role(four_slots, model_path, autotp_block(1), devices="0-3", offload_dir=str(tmp_path / "off"))
+    engine = start_role(four_slots, model_path, {}, strategy="hf_infer", devices="1-2")
+    try:
+        assert [(r.dp_rank, r.dp_size, r.tp_rank, r.tp_size) for r in trainer.rank_infos] == DP2_TP2_LAYOUT
+        # DeepSpeed's own groups agree with roll's layout: tensor-parallel peers consecutive, data-parallel strided.
+        groups = trainer.deepspeed_groups()
+        assert [g["tp"] for g in groups] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+        assert [g["dp"] for g in groups] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+        losses = train_losses(trainer, batch, 1)
+
+        # Engine workers on slots 1 and 2 take tp rank 1 of group 0 and tp rank 0 of group 1: both send full weights.
+        metrics = sync_to_engine(trainer, engine)
+        gathered = trainer.hf_weights()
+        assert metrics["sync/colocated_bytes"] == 2 * sum(t.nbytes for t in gathered[0].values())
+        for received in engine.hf_weights():
+            assert received.keys() == gathered[0].keys()
+            assert all(torch.equal(received[name], tensor) for name, tensor in gathered[0].items())
+        mask = batch.batch["attention_mask"][:, 1:].bool()
+        engine_log_probs = engine.log_probs(batch).batch["log_probs"]
+        assert torch.allclose(engine_log_probs[mask], trainer.log_probs(batch).batch["log_probs"][mask], atol=1e-5)
+
+        # A phase offload to disk and back leaves every weight bit for bit, and training goes on as without it.
+        moved = trainer.offload_states()
+        assert all(m["offload_states/offload/moved_bytes/model_params"] > 0 for m in moved)
+        trainer.load_states()
+        reloaded = trainer.hf_weights()
+        assert all(torch.equal(reloaded[0][name], tensor) for name, tensor in gathered[0].items())
+        losses += train_losses(trainer, batch, 1)
+    finally:
+        trainer.shutdown()
+        engine.shutdown()
+    assert losses[-1] < losses[0]
+    assert losses == pytest.approx(expected, rel=1e-5)

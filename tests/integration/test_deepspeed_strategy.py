@@ -91,13 +91,20 @@ def start_role(
     accumulation: int = 2,
     lora_rank: int = 0,
     gradient_checkpointing: bool = False,
+    offload_dir: str = "",
 ) -> Cluster:
+    """Start `strategy` with `block` on `devices`; with `offload_dir`, phase offloading moves its states there."""
     config = WorkerConfig(
         worker_cls=WORKER,
         device_mapping=devices,
         infer_batch_size=4,
         model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype, lora_rank=lora_rank),
-        strategy_args=StrategyArguments(strategy_name=strategy, strategy_config=block),
+        strategy_args=StrategyArguments(
+            strategy_name=strategy,
+            strategy_config=block,
+            offload_device="nvme" if offload_dir else "cpu",
+            offload_dir=offload_dir,
+        ),
         training_args=TrainingArguments(
             learning_rate=2e-3,
             per_device_train_batch_size=micro,

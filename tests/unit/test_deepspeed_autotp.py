@@ -144,3 +144,20 @@ def test_dry_run_plans_data_parallel_groups_of_tensor_parallel_ranks() -> None:
     assert "note: 2 ranks = 1 data-parallel x 2 tensor-parallel" in text
     with pytest.raises(ConfigError, match=r"batch_size=64 must equal .* dp size = 32"):
         report("sft_arithmetic", "devices_per_node=2", autotp)
+
+
+def test_dry_run_plans_two_data_parallel_groups_of_two_tensor_parallel_ranks_on_four_slots() -> None:
+    autotp = "+actor_train.strategy_args.strategy_config.tensor_parallel.autotp_size="
+    four = ("devices_per_node=4", "actor_train.device_mapping=0-3")
+    micro = "actor_train.training_args.per_device_train_batch_size=16"
+    text = "\n".join(
+        report("sft_arithmetic", *four, f"{autotp}2", micro, "actor_train.training_args.gradient_accumulation_steps=2")
+    )
+    assert "actor_train: 4 ranks = 2 data-parallel group(s) x 2 tensor-parallel ranks" in text
+    assert "actor_train rank 3: node 0, devices [3]" in text
+    assert "64 demonstrations per optimizer step = 2 rank(s) x micro-batches of 16 x 2 accumulation" in text
+    assert "note: 4 ranks = 2 data-parallel x 2 tensor-parallel" in text
+    with pytest.raises(
+        ConfigError, match=r"tensor_parallel.autotp_size=3 does not divide actor_train's 4 rank\(s\); set"
+    ):
+        report("sft_arithmetic", *four, f"{autotp}3", micro)
