@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -41,6 +42,13 @@ class EngineWorker(StrategyWorker):
     @register(Dispatch.ONE_TO_ALL)
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.strategy.load_weights(named_tensors)
+
+    @register(Dispatch.DP_COMPUTE)
+    def score(self, batch: DataProto, k: int, vocab_size: int | None) -> DataProto:
+        """What the reference and the teachers ask for: the responses' log-probs and the top-k at each position."""
+        indices, top = self.strategy.response_top_k(batch, k, vocab_size)
+        log_probs = self.strategy.response_log_probs(batch)
+        return DataProto.from_dict(tensors={"log_probs": log_probs, "top_indices": indices, "top_log_probs": top})
 
 
 def role_config(
@@ -193,6 +201,34 @@ def test_greedy_equals_hf_infer_token_for_token(
     for key in ("output_ids", "response_lengths", "truncated"):
         assert torch.equal(vllm_stopped.batch[key], hf_stopped.batch[key])
     assert not torch.equal(vllm_stopped.batch["output_ids"], vllm)
+
+
+@pytest.mark.slow
+def test_scores_of_given_responses_equal_hf_infer(clusters: dict[str, Cluster], batch: DataProto) -> None:
+    # Responses of 1..6 random ids after each prompt, right-padded: what a teacher or the reference scores.
+    rows = len(batch)
+    responses = torch.randint(1, 60, (rows, 6), generator=torch.Generator().manual_seed(0))
+    response_mask = length_mask(torch.arange(rows) % 6 + 1, 6)
+    responses = responses * response_mask
+    scored = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([batch.batch["input_ids"], responses], dim=1),
+            "attention_mask": torch.cat([batch.batch["attention_mask"], response_mask], dim=1),
+            "responses": responses,
+        }
+    )
+    mask = response_mask.bool()
+    vllm, hf = (clusters[name].score(scored, 5, None).batch for name in ("vllm", "hf_infer"))
+    assert (vllm["log_probs"][~mask] == 0).all()
+    for key in ("log_probs", "top_log_probs"):
+        torch.testing.assert_close(vllm[key][mask], hf[key][mask], atol=1e-4, rtol=0)
+    assert torch.equal(vllm["top_indices"][mask], hf["top_indices"][mask])
+    # Without the last 3 of the 88 ids: the same top ids; the engine's log-probs are low by the mass of those of
+    # the 3 outside its top 5 + 3, which it cannot see (a random model puts ~1/88 on each; padding rows ~0).
+    vllm, hf = (clusters[name].score(scored, 5, 85).batch for name in ("vllm", "hf_infer"))
+    assert torch.equal(vllm["top_indices"][mask], hf["top_indices"][mask]) and (vllm["top_indices"] < 85).all()
+    gap = vllm["top_log_probs"][mask] - hf["top_log_probs"][mask]
+    assert (gap < 1e-4).all() and (gap > math.log(1 - 3 / 40)).all(), gap
 
 
 @pytest.mark.slow

@@ -69,9 +69,12 @@ def test_teachers_and_students_of_different_tokenizers_are_refused_naming_both(t
         (
             ["teacher.strategy_args.strategy_name=deepspeed_train", "+teacher.strategy_args.strategy_config={}"],
             "teacher.strategy_args.strategy_name=deepspeed_train: the teacher is frozen; use hf_infer or "
-            "deepspeed_infer",
+            "deepspeed_infer (forward passes) or vllm",
         ),
-        (["teacher.strategy_args.strategy_name=vllm"], "teacher.strategy_args.strategy_name=vllm only generates"),
+        (
+            ["teacher.strategy_args.strategy_name=vllm", "+teacher.strategy_args.strategy_config.max_logprobs=4"],
+            "teacher.strategy_args.strategy_config.max_logprobs=4 caps the top log-probs below the 8 this role",
+        ),
         (["student.strategy_args.strategy_name=hf_infer", "student.strategy_args.strategy_config={}"], "student."),
         (["batch_size=32"], "batch_size=32 must equal student per_device_train_batch_size x"),
         (["loss.forward_weight=0.3"], "loss.forward_weight=0.3 applies to loss.kind=mixed only, not forward"),
@@ -83,6 +86,11 @@ def test_bad_relations_are_config_errors_naming_the_field(overrides: list[str], 
     with pytest.raises(ConfigError, match=None) as error:
         distill(*overrides)
     assert message in str(error.value)
+
+
+def test_a_vllm_teacher_gets_max_logprobs_for_its_top_k() -> None:
+    config = distill("teacher.strategy_args.strategy_name=vllm", "top_k=32")
+    assert config.teacher.strategy_args.strategy_config == {"max_logprobs": 32}
 
 
 def test_a_mix_with_its_weight_and_a_tail_free_support_validate() -> None:

@@ -80,7 +80,15 @@ def test_a_missing_teacher_export_says_to_run_the_main_job_first(tmp_path: objec
             [TEACHER_ROLE, "algorithm.adv_estimator=grpo"],
             "algorithm.adv_estimator=grpo sums a sequence's rewards into one score",
         ),
-        ([TEACHER_ROLE, "teacher.strategy_args.strategy_name=vllm"], "teacher.strategy_args.strategy_name=vllm only"),
+        (
+            [
+                TEACHER_ROLE,
+                "teacher.strategy_args.strategy_name=vllm",
+                "algorithm.log_prob_temperature=sampling",
+                "actor_infer.generating_args.temperature=0.7",
+            ],
+            "teacher.strategy_args.strategy_name=vllm scores at temperature 1 (the engine's prompt log-probs)",
+        ),
         (
             [
                 TEACHER_ROLE,

@@ -15,11 +15,12 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import response_texts
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches
-from roll.distributed.strategy.strategy import Generation
+from roll.distributed.strategy.response_scores import LOG_PROB_TEMPERATURE
+from roll.distributed.strategy.strategy import Generation, InferenceStrategy
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import build_char_tokenizer
 from roll.pipeline.base.evaluation import answer_scorer
-from roll.pipeline.base.rl_workers import LOG_PROB_TEMPERATURE, ActorWorker, split_generation
+from roll.pipeline.base.rl_workers import ActorWorker, split_generation
 from tests.unit.test_hf_sampled_log_probs import prompts, strategy
 from tests.unit.test_token_budget_equivalence import load, model_dir  # noqa: F401 (the fixture)
 
@@ -122,6 +123,8 @@ def test_forward_passes_run_in_eval_mode_after_training() -> None:
 
 class _FixedLogitsStrategy:
     """Runs the worker's forward function on fixed logits: token 1 three times as likely as token 0."""
+
+    response_log_probs = InferenceStrategy.response_log_probs
 
     def forward_step(self, batch: DataProto, forward_func: Any) -> dict[str, torch.Tensor]:
         logits = torch.tensor([0.0, math.log(3.0)]).expand(*batch.batch["input_ids"].shape, 2)

@@ -1,7 +1,9 @@
 """sglang strategy: the adapter against a fake `sglang.Engine` (SGLang has no CPU build), and a real-engine test.
 
 The fake has the public names and signatures of `sglang.Engine` (python/sglang/srt/entrypoints/engine.py)
-and its results' shape (`output_ids`, `meta_info.output_token_logprobs` as `(logprob, token_id, text)`);
+and its results' shape (`output_ids`, `meta_info.output_token_logprobs` as `(logprob, token_id, text)`, and
+from `logprob_start_len` on `input_token_logprobs` and `input_top_logprobs`, None at position 0, as SGLang's
+docs and tokenizer manager give them);
 it generates with a transformers model, and like SGLang it loads weights by name without rejecting
 unknown ones, so the name and shape checks under test are the adapter's own.
 """
@@ -20,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.hf_compute import generate_in_micro_batches
+from roll.distributed.strategy.hf_compute import generate_in_micro_batches, position_ids_from_mask
 from roll.distributed.strategy.sglang_strategy import SglangStrategy
 from roll.distributed.strategy.strategy import Generation
 from roll.distributed.weight_sync.broadcast import (
@@ -34,6 +36,7 @@ from roll.distributed.weight_sync.buckets import iter_buckets
 from roll.models.model_providers import load_model, load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
+from roll.utils.functionals import length_mask
 from tests.unit.test_weight_sync import free_port, run_all
 
 GREEDY = GeneratingArguments(max_new_tokens=10, do_sample=False)
@@ -81,7 +84,28 @@ class FakeEngine:
             raise RuntimeError("generate while memory is released")
         self.calls.append(("generate", {"input_ids": input_ids, "sampling_params": sampling_params}))
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(input_ids)
-        return [self._one(ids, p, bool(return_logprob)) for ids, p in zip(input_ids, params, strict=True)]
+        results = [self._one(ids, p, bool(return_logprob)) for ids, p in zip(input_ids, params, strict=True)]
+        if return_logprob and logprob_start_len is not None:
+            starts = logprob_start_len if isinstance(logprob_start_len, list) else [logprob_start_len] * len(input_ids)
+            for ids, start, result in zip(input_ids, starts, results, strict=True):
+                result["meta_info"].update(self._input_log_probs(ids, start, top_logprobs_num or 0))
+        return results
+
+    @torch.no_grad()
+    def _input_log_probs(self, ids: list[int], start: int, top: int) -> dict:
+        """SGLang's input log-probs of tokens start... (entry i: token start + i given the tokens before it)."""
+        log_probs = torch.log_softmax(self.model(torch.tensor([ids])).logits[0].float(), -1)
+        tokens, tops = [], []
+        for position in range(start, len(ids)):
+            if position == 0:
+                tokens.append((None, ids[0], None))
+                tops.append(None)
+                continue
+            row = log_probs[position - 1]
+            values, indices = row.topk(top)
+            tokens.append((float(row[ids[position]]), ids[position], None))
+            tops.append([(float(v), int(i), None) for v, i in zip(values, indices, strict=True)])
+        return {"input_token_logprobs": tokens, "input_top_logprobs": tops}
 
     @torch.no_grad()
     def _one(self, ids: list[int], params: dict, return_logprob: bool) -> dict:
@@ -307,6 +331,34 @@ def test_samples_are_prompt_major_seeded_per_row_with_log_probs(
         expected = torch.tensor([entry[0] for entry in result["meta_info"]["output_token_logprobs"]])
         assert torch.allclose(log_probs[row, :length], expected)
     assert generation.truncated.any() and not generation.truncated.all()  # samples ended both ways
+
+
+def test_scores_of_given_responses_come_from_input_log_probs_like_hf_infer(
+    fake_sglang: None, model_path: str, batch: DataProto
+) -> None:
+    # UNTESTED on a real SGLang engine: this checks the adapter against SGLang's documented input log-probs.
+    strategy = start(role_config(model_path))
+    rows = len(batch)
+    response_mask = length_mask(torch.arange(rows) % 4 + 1, 4)
+    responses = torch.randint(1, 60, (rows, 4), generator=torch.Generator().manual_seed(0)) * response_mask
+    input_ids = torch.cat([batch.batch["input_ids"], responses], dim=1)
+    attention_mask = torch.cat([batch.batch["attention_mask"], response_mask], dim=1)
+    scored = DataProto.from_dict(
+        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "responses": responses}
+    )
+    log_probs = strategy.response_log_probs(scored)
+    indices, top = strategy.response_top_k(scored, 3)
+    _, request = strategy.engine.calls[-1]
+    assert request["sampling_params"] == {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    model = load_model(ModelArguments(model_name_or_path=model_path, dtype="fp32")).eval()
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    hf = torch.log_softmax(logits.logits[:, -5:-1].float(), -1)  # the positions predicting the 4 response columns
+    mask = response_mask.bool()
+    hf_log_probs = hf.gather(-1, responses[..., None])[..., 0]
+    assert torch.allclose(log_probs[mask], hf_log_probs[mask], atol=1e-4) and (log_probs[~mask] == 0).all()
+    hf_top, hf_indices = hf.topk(3)
+    assert torch.equal(indices[mask], hf_indices[mask]) and torch.allclose(top[mask], hf_top[mask], atol=1e-4)
 
 
 def test_load_weights_checks_then_updates_the_engine(

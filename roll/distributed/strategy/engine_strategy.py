@@ -1,5 +1,5 @@
 """What the generation engines (vLLM, SGLang) share: config parsing, batch conversion, serving checks,
-weight-sync sessions, sleep and wake.
+scoring of given sequences, weight-sync sessions, sleep and wake.
 
 `generate` returns hf_infer's layout exactly: each left-padded prompt row repeated
 `num_return_sequences` times (prompt-major), followed by its generated ids right-padded with the
@@ -20,6 +20,12 @@ from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import generation_special_ids
+from roll.distributed.strategy.response_scores import (
+    ScoredSequence,
+    ScoringRequest,
+    pack_token_log_probs,
+    pack_top_k,
+)
 from roll.distributed.strategy.strategy import ForwardFunc, Generation, InferenceStrategy
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, spec_of
 from roll.models.hf_weights import hf_weight_shapes
@@ -148,6 +154,7 @@ class EngineStrategy(InferenceStrategy):
         full weight sync before it generates again.
         """
         self.weight_shapes, self.sync_weights = hf_weight_shapes(model_path)
+        self.output_vocab_size = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
         self.weight_sync_shards = self.config.tensor_parallel_size
         self.pad_token_id = generation_pad_token_id(model_path)
         self.missing_weights: set[str] = set()  # weights the engine still lacks; generation waits for them
@@ -157,12 +164,40 @@ class EngineStrategy(InferenceStrategy):
         self.sleep_drops_weights = sleep_drops_weights
 
     def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Not supported: the engine exposes no logits for given sequences."""
+        """Not supported: the engine exposes no logits, only log-probs (`response_log_probs`, `response_top_k`)."""
         raise NotImplementedError(
-            f"{self.worker_config.name}: the {self.engine_name} strategy only generates. Compute log-probs of given "
-            "sequences with an hf_infer or deepspeed_infer role; the engine's log-probs of its own samples come from "
-            "generate_with_log_probs"
+            f"{self.worker_config.name}: the {self.engine_name} strategy exposes no logits of given sequences, only "
+            "their log-probs (response_log_probs, response_top_k); run this pass on an hf_infer or deepspeed_infer role"
         )
+
+    # ---- scoring given sequences: the engine's prompt log-probs --------------------------------------
+
+    def response_log_probs(self, batch: DataProto) -> torch.Tensor:
+        """The engine's log-prob of each response token of `batch` `[B, R]` (0 after a row's response): the model's
+        own distribution, so the batch's log-prob temperature must be 1."""
+        request = ScoringRequest.of(batch)
+        return pack_token_log_probs(request, self._scored(request, 0))
+
+    def response_top_k(
+        self, batch: DataProto, k: int, vocab_size: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's `k` most likely ids at each response position and their log-probs `[B, R, k]` (0 after a
+        row's response), at temperature 1. With `vocab_size` below the model's output layer the engine is asked
+        for that many more, the ids at or above `vocab_size` are dropped and the rest renormalised
+        (`response_scores.in_vocabulary`)."""
+        request = ScoringRequest.of(batch)
+        extra = max(self.output_vocab_size - vocab_size, 0) if vocab_size is not None else 0
+        return pack_top_k(request, self._scored(request, k + extra), k, vocab_size)
+
+    def _scored(self, request: ScoringRequest, top_k: int) -> list[ScoredSequence]:
+        self._check_serving()
+        if not request.sequences:
+            return []
+        return self._score(request.sequences, request.starts, top_k)
+
+    @abstractmethod
+    def _score(self, sequences: list[list[int]], starts: list[int], top_k: int) -> list[ScoredSequence]:
+        """The log-probs of tokens `starts[i]`... of each sequence, and the `top_k` most likely ids at each."""
 
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
         """The prompts' samples in hf_infer's layout, with their lengths and stop reasons."""

@@ -6,6 +6,10 @@ The engine's scheduler runs in child processes; weight buckets reach it through
 or over the weight-broadcast group, which every tensor-parallel rank joins
 (`init_weights_update_group`) and receives from (`update_weights_from_distributed`). A weight sync
 is one SGLang weight-update session (`begin_weight_update` ... `end_weight_update`, SGLang >= 0.5.23).
+
+Scoring given sequences (a teacher's or the reference's log-probs) uses the input log-probs of a one-token
+generate call (`return_logprob`, `logprob_start_len`, `top_logprobs_num`). Untested on a real engine: it is
+written to SGLang's documented API and tested against a fake engine only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineConfig, EngineStrategy, Samples
+from roll.distributed.strategy.response_scores import ScoredSequence
 from roll.distributed.strategy.strategy import ModelProvider
 from roll.distributed.weight_sync.broadcast import GROUP_NAME
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
@@ -119,6 +124,36 @@ class SglangStrategy(EngineStrategy):
             truncated=[(result["meta_info"].get("finish_reason") or {}).get("type") == "length" for result in results],
             log_probs=log_probs,
         )
+
+    def _score(self, sequences: list[list[int]], starts: list[int], top_k: int) -> list[ScoredSequence]:
+        """SGLang's input log-probs from `logprob_start_len` = start - 1 (UNTESTED on a real engine).
+
+        `meta_info.input_token_logprobs` holds (log-prob, id, text) per input token from there (None for a token
+        without a predecessor) and `input_top_logprobs` a list of such per position; whether the entry of the start
+        token itself is included changed between SGLang versions, so the last len - start entries are read and
+        their ids checked against the sequence.
+        """
+        results = self.engine.generate(
+            input_ids=sequences,
+            # The model's own distribution even where SGLang would scale or truncate input log-probs by sampling.
+            sampling_params={"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1},
+            return_logprob=True,
+            logprob_start_len=[start - 1 for start in starts],
+            top_logprobs_num=top_k,
+        )
+        scored = []
+        for ids, start, result in zip(sequences, starts, results, strict=True):
+            meta, count = result["meta_info"], len(ids) - start
+            entries = meta["input_token_logprobs"][-count:]
+            if [entry[1] for entry in entries] != ids[start:] or any(entry[0] is None for entry in entries):
+                raise RuntimeError(
+                    f"{self.worker_config.name}: sglang's input_token_logprobs do not line up with the scored ids "
+                    f"(expected ids {ids[start:]}, got {[entry[1] for entry in entries]})"
+                )
+            tops = meta["input_top_logprobs"][-count:] if top_k else [[] for _ in range(count)]
+            top = [[(int(t), float(log_prob)) for log_prob, t, _ in position] for position in tops]
+            scored.append(ScoredSequence(token=[float(entry[0]) for entry in entries], top=top))
+        return scored
 
     # ---- weight sync: one SGLang weight-update session per sync ---------------------------------
 

@@ -18,6 +18,7 @@ import torch
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.rank_layout import RankInfo
+from roll.distributed.strategy.response_scores import log_probs_forward, top_k_forward
 from roll.distributed.weight_sync.broadcast import BroadcastGroup
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, tensor_bytes
 from roll.models.hf_weights import check_weight_shapes
@@ -105,6 +106,11 @@ class InferenceStrategy(ABC):
     def check_config(cls, worker_config: WorkerConfig) -> None:
         """Config-time check of the role's `strategy_config` (raise ConfigError naming the key); imports no engine."""
 
+    @classmethod
+    def fit_top_k(cls, worker_config: WorkerConfig, k: int) -> None:
+        """Config time: let the role's backend return `k` top log-probs per position from `response_top_k` (a
+        ConfigError naming the key when its config caps them lower). Forward passes have no cap."""
+
     def __init__(self, worker: StrategyHost) -> None:
         self.worker = worker
         self.worker_config = worker.worker_config
@@ -118,6 +124,19 @@ class InferenceStrategy(ABC):
     @abstractmethod
     def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
         """Run `forward_func` on micro-batches of `batch` without gradients; concatenate its metrics."""
+
+    def response_log_probs(self, batch: DataProto) -> torch.Tensor:
+        """The log-prob of each response token of `batch` `[B, R]` at the batch's log-prob temperature
+        (`roll.distributed.strategy.response_scores`)."""
+        return self.forward_step(batch, log_probs_forward)["log_probs"]
+
+    def response_top_k(
+        self, batch: DataProto, k: int, vocab_size: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `k` most likely ids at each response position of `batch` and their log-probs, `[B, R, k]` each, most
+        likely first; with `vocab_size` the softmax is over the first `vocab_size` ids only."""
+        scores = self.forward_step(batch, top_k_forward(k, vocab_size))
+        return scores["top_indices"], scores["top_log_probs"]
 
     @abstractmethod
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from roll.configs.schema import ConfigError
-from roll.configs.worker_config import GeneratingArguments
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineConfig, EngineStrategy, Samples
+from roll.distributed.strategy.response_scores import ScoredSequence
 from roll.distributed.strategy.strategy import ModelProvider
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from vllm import SamplingParams
 
 WORKER_EXTENSION = "roll.third_party.vllm.worker_extension.WeightSyncExtension"
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's ModelConfig.max_logprobs
 
 
 @dataclass
@@ -36,13 +38,16 @@ class VllmConfig(EngineConfig):
     takes `kv_cache_space_gb` GiB of host memory (`VLLM_CPU_KVCACHE_SPACE`). `enforce_eager=None`
     means eager on CPU (torch.compile costs ~20 s of start-up for ~20 % more tokens/s on a tiny
     model) and CUDA graphs on GPUs. `multiprocessing` runs the engine core in a process of its own.
-    `engine_kwargs` go to `vllm.LLM` (e.g. `max_num_seqs`, `logprobs_mode`).
+    `max_logprobs` caps the top log-probs a request may ask for (vLLM's own default 20 when null; a
+    teacher's pipeline raises it to the top-k it scores, -1: no cap). `engine_kwargs` go to `vllm.LLM`
+    (e.g. `max_num_seqs`).
     """
 
     gpu_memory_utilization: float = 0.6
     kv_cache_space_gb: int = 1
     enforce_eager: bool | None = None
     multiprocessing: bool = False
+    max_logprobs: int | None = None
 
 
 class VllmStrategy(EngineStrategy):
@@ -62,6 +67,8 @@ class VllmStrategy(EngineStrategy):
             "enforce_eager",
             "enable_sleep_mode",
             "worker_extension_cls",
+            "max_logprobs",
+            "logprobs_mode",
         }
     )
 
@@ -72,6 +79,21 @@ class VllmStrategy(EngineStrategy):
         if config.kv_cache_space_gb < 1:
             raise ConfigError(
                 f"{where}.kv_cache_space_gb={config.kv_cache_space_gb} must be a whole number of GiB >= 1"
+            )
+        if config.max_logprobs is not None and config.max_logprobs < -1:
+            raise ConfigError(f"{where}.max_logprobs={config.max_logprobs} must be -1 (no cap), 0 or more")
+
+    @classmethod
+    def fit_top_k(cls, worker_config: WorkerConfig, k: int) -> None:
+        """Raise vLLM's `max_logprobs` to `k` when the role leaves it unset; a ConfigError when it is set lower."""
+        config = cls.parse_config(worker_config)
+        where = f"{worker_config.name}.strategy_args.strategy_config.max_logprobs"
+        if config.max_logprobs is None:
+            worker_config.strategy_args.strategy_config["max_logprobs"] = max(k, DEFAULT_MAX_LOGPROBS)
+        elif config.max_logprobs != -1 and config.max_logprobs < k:
+            raise ConfigError(
+                f"{where}={config.max_logprobs} caps the top log-probs below the {k} this role scores per position; "
+                f"set it to {k} or more (or remove it: roll then sets it)"
             )
 
     def initialize(self, model_provider: ModelProvider) -> None:
@@ -101,6 +123,8 @@ class VllmStrategy(EngineStrategy):
         from vllm import LLM
 
         enforce_eager = self.config.enforce_eager if self.config.enforce_eager is not None else not accelerator
+        if self.config.max_logprobs is not None:
+            device_kwargs["max_logprobs"] = self.config.max_logprobs
         self.llm = LLM(
             model=path,
             dtype=ENGINE_DTYPES[model_args.dtype],
@@ -109,6 +133,8 @@ class VllmStrategy(EngineStrategy):
             max_model_len=self.config.max_model_len,
             enforce_eager=enforce_eager,
             worker_extension_cls=WORKER_EXTENSION,
+            # Log-probs of the raw model (prompt log-probs are never processed; sampled ones would be).
+            logprobs_mode="raw_logprobs",
             **device_kwargs,
             **self.config.engine_kwargs,
         )
@@ -141,6 +167,24 @@ class VllmStrategy(EngineStrategy):
             truncated=[sample.finish_reason == "length" for sample in samples],
             log_probs=log_probs,
         )
+
+    def _score(self, sequences: list[list[int]], starts: list[int], top_k: int) -> list[ScoredSequence]:
+        """vLLM's prompt log-probs: at each position after the first, the sequence's own id and the `top_k` most
+        likely (the `Logprob.rank` 1..k entries), from the raw logits whatever the sampling parameters."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in sequences], params, use_tqdm=False)
+        scored = []
+        for ids, start, output in zip(sequences, starts, outputs, strict=True):
+            positions = output.prompt_logprobs[start:]  # entry i: token i given tokens < i (entry 0 is None)
+            token = [position[ids[start + i]].logprob for i, position in enumerate(positions)]
+            top = [
+                [(t, entry.logprob) for t, entry in sorted(position.items(), key=lambda item: item[1].rank)][:top_k]
+                for position in positions
+            ]
+            scored.append(ScoredSequence(token=token, top=top))
+        return scored
 
     def _sampling_params(
         self, args: GeneratingArguments, num_prompts: int, with_log_probs: bool

@@ -20,23 +20,16 @@ from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.micro_batches import step_normalised
+from roll.distributed.strategy.response_scores import scored_logits
 from roll.distributed.strategy.strategy import Generation
 from roll.models.model_providers import ModelKind
 from roll.utils.functionals import length_mask, masked_mean, response_log_probs
 
-# meta_info key: the temperature the log-prob passes divide logits by (algorithm.log_prob_temperature).
-LOG_PROB_TEMPERATURE = "log_prob_temperature"
 # meta_info key: the maximum response length (max_new_tokens), the constant of loss_agg_mode seq-mean-token-sum-norm;
 # a micro-batch's own width is no constant once token budgets trim its padding.
 MAX_RESPONSE_LENGTH = "max_response_length"
 # meta_info key on a generate request: also return the engine's log-prob of each sampled token (`engine_log_probs`).
 WITH_ENGINE_LOG_PROBS = "with_engine_log_probs"
-
-
-def scored_logits(logits: torch.Tensor, batch: DataProto) -> torch.Tensor:
-    """`logits` at the batch's log-prob temperature (1 unless the driver set another in `meta_info`)."""
-    temperature = batch.meta_info.get(LOG_PROB_TEMPERATURE, 1.0)
-    return logits if temperature == 1.0 else logits / temperature
 
 
 def split_generation(generation: Generation, prompt_mask: torch.Tensor) -> dict:
@@ -89,14 +82,9 @@ class ActorWorker(StrategyWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_probs(self, batch: DataProto) -> DataProto:
-        """Per-token log-probs of the responses under this worker's model: `log_probs` `[B, R]`."""
-
-        def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
-            logits = scored_logits(output.logits, micro_batch)
-            response_length = micro_batch.batch["responses"].shape[1]
-            return None, {"log_probs": response_log_probs(logits, micro_batch.batch["input_ids"], response_length)}
-
-        return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
+        """Per-token log-probs of the responses under this worker's model: `log_probs` `[B, R]` (forward passes, or
+        an engine's prompt log-probs: see `InferenceStrategy.response_log_probs`)."""
+        return DataProto.from_dict(tensors={"log_probs": self.strategy.response_log_probs(batch)})
 
     @register(Dispatch.DP_COMPUTE)
     def sft_step(self, batch: DataProto) -> dict[str, float]:

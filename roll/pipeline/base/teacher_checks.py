@@ -1,5 +1,6 @@
 """Config checks of a teacher role (offline distillation, on-policy distillation in RLVR): the model exists, the
-strategy scores given sequences, and teacher and student share one vocabulary."""
+strategy scores given sequences (forward passes, or an engine's prompt log-probs), and teacher and student share
+one vocabulary."""
 
 from __future__ import annotations
 
@@ -30,16 +31,33 @@ def check_teacher_model(name: str, teacher: WorkerConfig) -> None:
 
 
 def check_teacher_strategy(teacher: WorkerConfig) -> None:
-    """The teacher is frozen and scores given sequences: an inference strategy with forward passes."""
+    """The teacher is frozen and scores given sequences: an inference strategy (forward passes or an engine)."""
     name = teacher.strategy_args.strategy_name if teacher.strategy_args else None
-    fix = "use hf_infer or deepspeed_infer, which return the logits of given sequences"
     if name is None or strategy_class(name).trains():
-        raise ConfigError(f"{teacher.name}.strategy_args.strategy_name={name}: the teacher is frozen; {fix}")
-    if issubclass(strategy_class(name), EngineStrategy):
         raise ConfigError(
-            f"{teacher.name}.strategy_args.strategy_name={name} only generates: roll's {name} strategy returns no "
-            f"log-probs of given sequences; {fix}"
+            f"{teacher.name}.strategy_args.strategy_name={name}: the teacher is frozen; use hf_infer or "
+            "deepspeed_infer (forward passes) or vllm (prompt log-probs)"
         )
+
+
+def check_engine_scoring_temperature(role: WorkerConfig, temperature: float) -> None:
+    """An engine scores given sequences at temperature 1 (its prompt log-probs are the model's own distribution);
+    a role scoring at another log-prob temperature needs forward passes."""
+    name = role.strategy_args.strategy_name if role.strategy_args else None
+    if name is not None and issubclass(strategy_class(name), EngineStrategy) and temperature != 1.0:
+        raise ConfigError(
+            f"{role.name}.strategy_args.strategy_name={name} scores at temperature 1 (the engine's prompt log-probs), "
+            f"but algorithm.log_prob_temperature=sampling scores at {temperature}; set "
+            f"algorithm.log_prob_temperature=one, or {role.name}.strategy_args.strategy_name=hf_infer"
+        )
+
+
+def fit_teacher_top_k(teacher: WorkerConfig, student: WorkerConfig, k: int) -> None:
+    """Let the teacher's backend return the top-k it is asked for (an engine's `max_logprobs`): `k`, plus the ids of
+    the teacher's output layer beyond the student's, which an engine drops from a longer list (`response_top_k`)."""
+    sizes = [vocab_size(role.model_args.model_name_or_path) for role in (teacher, student)]
+    extra = max(sizes[0] - sizes[1], 0) if None not in sizes else 0
+    strategy_class(teacher.strategy_args.strategy_name).fit_top_k(teacher, k + extra)
 
 
 def tokenizer_vocab(model_path: str) -> dict[str, int]:

@@ -14,6 +14,7 @@ from roll.pipeline.base.teacher_checks import (
     check_same_vocabulary,
     check_teacher_model,
     check_teacher_strategy,
+    fit_teacher_top_k,
     shared_vocab_size,
 )
 from roll.pipeline.base.training_config import TrainingRunConfig
@@ -83,6 +84,7 @@ class DistillConfig(TrainingRunConfig):
         vocab = shared_vocab_size(teacher, student)
         if vocab is not None and self.top_k > vocab:
             raise ConfigError(f"top_k={self.top_k} is more than the models' {vocab} tokens; lower top_k")
+        fit_teacher_top_k(teacher, student, self.top_k)
         _, held_out = self.check_data(
             self.data, self.batch_size, "batch_size", student.model_args.model_name_or_path, self.max_response_length
         )

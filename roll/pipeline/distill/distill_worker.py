@@ -6,17 +6,13 @@ from typing import Any
 
 import torch
 
-from roll.algorithms.distillation_losses import distillation_loss, teacher_top_k
+from roll.algorithms.distillation_losses import distillation_loss
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.micro_batches import step_normalised
-from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, ActorWorker, scored_logits
+from roll.distributed.strategy.response_scores import response_logits
+from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, ActorWorker
 from roll.pipeline.distill.distill_config import DistillLossArguments
-
-
-def response_logits(logits: torch.Tensor, response_length: int) -> torch.Tensor:
-    """The logits that predict the last `response_length` tokens (position t - 1 predicts token t)."""
-    return logits[:, -response_length - 1 : -1]
 
 
 class TeacherWorker(ActorWorker):
@@ -27,15 +23,11 @@ class TeacherWorker(ActorWorker):
         """`teacher_top_indices` and `teacher_top_log_probs` `[B, R, k]`: the teacher's `k` most likely tokens at
         each response position and their log-probs, most likely first.
 
-        With `vocab_size` the softmax is over the first `vocab_size` ids only (the ids the student also has).
+        With `vocab_size` the softmax is over the first `vocab_size` ids only (the ids the student also has). Forward
+        passes or an engine's prompt log-probs: see `InferenceStrategy.response_top_k`.
         """
-
-        def forward(micro_batch: DataProto, output: Any) -> tuple[None, dict[str, torch.Tensor]]:
-            logits = response_logits(scored_logits(output.logits, micro_batch), micro_batch.batch["responses"].shape[1])
-            indices, log_probs = teacher_top_k(logits[..., :vocab_size], k)
-            return None, {"teacher_top_indices": indices, "teacher_top_log_probs": log_probs}
-
-        return DataProto.from_dict(tensors=self.strategy.forward_step(batch, forward))
+        indices, log_probs = self.strategy.response_top_k(batch, k, vocab_size)
+        return DataProto.from_dict(tensors={"teacher_top_indices": indices, "teacher_top_log_probs": log_probs})
 
 
 class StudentWorker(ActorWorker):

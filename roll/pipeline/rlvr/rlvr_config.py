@@ -18,7 +18,12 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 from roll.pipeline.base.resumable import ResumableRun
-from roll.pipeline.base.teacher_checks import check_same_vocabulary, check_teacher_model, check_teacher_strategy
+from roll.pipeline.base.teacher_checks import (
+    check_engine_scoring_temperature,
+    check_same_vocabulary,
+    check_teacher_model,
+    check_teacher_strategy,
+)
 from roll.pipeline.rlvr.agentic_config import EnvArguments
 from roll.rewards.sandbox import import_reward_fn
 
@@ -273,6 +278,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             raise ConfigError("a KL loss or KL penalty needs the reference role; configure reference or set the KL off")
         self._check_loss_variants()
         self._check_teacher()
+        self._check_engine_scorers()
         self._check_async_generation()
         self._check_dynamic_sampling()
         if self.env is None and not self.rewards:
@@ -365,6 +371,15 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             )
         check_teacher_strategy(self.teacher)
         check_same_vocabulary(self.teacher, self.actor_train)
+
+    def _check_engine_scorers(self) -> None:
+        """A reference or teacher on an engine (vllm, sglang) scores at temperature 1, the model's own distribution."""
+        generating = self.actor_infer.generating_args
+        scaled = self.algorithm.log_prob_temperature == "sampling" and generating.do_sample
+        roles = self.trainer_side_roles()
+        for name in ("reference", "teacher"):
+            if name in roles:
+                check_engine_scoring_temperature(roles[name], generating.temperature if scaled else 1.0)
 
     def _check_loss_variants(self) -> None:
         """The overlong buffer within the generation budget; TIS with an engine that returns its log-probs."""
