@@ -231,6 +231,10 @@ VERDICTS: dict[str, Run | Skip] = {
     "roll-distill 'student.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-distill 'student.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true"
     ),
+    # tests/integration/test_distill_pipeline.py runs a step with the vLLM teacher.
+    "roll-distill teacher.strategy_args.strategy_name=vllm": Run(
+        "roll-distill teacher.strategy_args.strategy_name=vllm dry_run=true"
+    ),
     # Writes only its own outputs; a short warm start and two steps stand for the README's 600 and 40.
     "roll-reward-fl": Run("roll-reward-fl warm_start.steps=20 max_steps=2 eval_steps=2", standalone=True),
     "roll-reward-fl 'actor.strategy_args.strategy_config=${deepspeed_zero3}'": Run(

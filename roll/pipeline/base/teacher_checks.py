@@ -40,11 +40,17 @@ def check_teacher_strategy(teacher: WorkerConfig) -> None:
         )
 
 
+def scores_on_engine(role: WorkerConfig) -> bool:
+    """Whether `role` scores given sequences with an engine's prompt log-probs (vllm, sglang), not forward passes."""
+    name = role.strategy_args.strategy_name if role.strategy_args else None
+    return name is not None and issubclass(strategy_class(name), EngineStrategy)
+
+
 def check_engine_scoring_temperature(role: WorkerConfig, temperature: float) -> None:
     """An engine scores given sequences at temperature 1 (its prompt log-probs are the model's own distribution);
     a role scoring at another log-prob temperature needs forward passes."""
-    name = role.strategy_args.strategy_name if role.strategy_args else None
-    if name is not None and issubclass(strategy_class(name), EngineStrategy) and temperature != 1.0:
+    if scores_on_engine(role) and temperature != 1.0:
+        name = role.strategy_args.strategy_name
         raise ConfigError(
             f"{role.name}.strategy_args.strategy_name={name} scores at temperature 1 (the engine's prompt log-probs), "
             f"but algorithm.log_prob_temperature=sampling scores at {temperature}; set "

@@ -15,6 +15,7 @@ from roll.pipeline.base.teacher_checks import (
     check_teacher_model,
     check_teacher_strategy,
     fit_teacher_top_k,
+    scores_on_engine,
     shared_vocab_size,
 )
 from roll.pipeline.base.training_config import TrainingRunConfig
@@ -51,9 +52,14 @@ class DistillConfig(TrainingRunConfig):
         """One step's arithmetic: the teacher's forward passes, then the student's micro-batches."""
         teacher, student = self.teacher, self.student
         args, shard = student.training_args, -(-self.batch_size // teacher.dp_size)
+        scoring = (
+            "by the engine's prompt log-probs"
+            if scores_on_engine(teacher)
+            else f"in forward passes of {teacher.infer_batch_size}"
+        )
         return [
-            f"teacher: {shard} demonstrations per rank on {teacher.dp_size} rank(s) in forward passes of "
-            f"{teacher.infer_batch_size}, top {self.top_k} log-probs per response token",
+            f"teacher: {shard} demonstrations per rank on {teacher.dp_size} rank(s) {scoring}, "
+            f"top {self.top_k} log-probs per response token",
             f"student: {self.batch_size} demonstrations per optimizer step = {student.dp_size} rank(s) x "
             f"micro-batches of {args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation; "
             f"{self.max_steps} steps",
