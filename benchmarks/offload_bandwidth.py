@@ -7,7 +7,13 @@ accelerators, plain memcpy on CPU-only machines), and a sequential write + read 
 markdown table (docs/offload.md shows one and the command that made it); `--write-docs` rewrites the table of this
 run's allocator there (THP_MEM_ALLOC_ENABLE=1: huge pages; unset or 0: the default allocator).
 
+`--zero-infinity` measures instead what ZeRO-Infinity costs a training step: the same layers at ZeRO-3 with the
+parameters and Adam's states offloaded by DeepSpeed itself, to host memory (`device: cpu`) or swapped to files in
+a fresh folder under --nvme-dir (`device: nvme`, DeepSpeed's async I/O op), timed step for step in interleaved
+rounds, with the bytes each step reads from and writes to disk (/proc/self/io) and the size of the swap folder.
+
     source scripts/cpu_env.sh && .venv/bin/python benchmarks/offload_bandwidth.py --params-millions 64
+    source scripts/cpu_env.sh && .venv/bin/python benchmarks/offload_bandwidth.py --params-millions 64 --zero-infinity
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +44,15 @@ DOC = REPO_ROOT / "docs" / "offload.md"
 PACKAGES = ("torch", "deepspeed")
 # torch reads THP_MEM_ALLOC_ENABLE at start-up: huge pages for its CPU allocator (scripts/cpu_env.sh sets it).
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
-BLOCKS = ("offload_bandwidth-default-allocator", "offload_bandwidth-huge-pages")
+ALLOCATOR_BLOCKS = ("offload_bandwidth-default-allocator", "offload_bandwidth-huge-pages")
+INFINITY_BLOCK = "offload_bandwidth-zero-infinity"
+BLOCKS = (*ALLOCATOR_BLOCKS, INFINITY_BLOCK)
+HIDDEN = 2048  # width of the benchmark's square linear layers
 
 
 def block() -> str:
     """The block of docs/offload.md for this process's allocator setting."""
-    return BLOCKS[os.environ.get(HUGE_PAGES, "0") not in ("", "0")]
+    return ALLOCATOR_BLOCKS[os.environ.get(HUGE_PAGES, "0") not in ("", "0")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nvme-dir", default=tempfile.gettempdir(), help="directory of the disk offload")
     parser.add_argument("--repeats", type=int, default=5, help="cycles per measurement; the best one counts")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a rank's core budget)")
-    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this allocator's table in {DOC.name}")
+    parser.add_argument(
+        "--zero-infinity",
+        action="store_true",
+        help="time ZeRO-3 training steps with DeepSpeed's offload to cpu vs nvme",
+    )
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this run's table in {DOC.name}")
     return parser
 
 
@@ -71,26 +86,135 @@ def init_single_rank() -> None:
 
 
 def build_engine(params_millions: float, stage: int) -> Any:
-    """A patched bf16 AdamW engine over bias-free 2048-wide linear layers, after one training step."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
+    """A patched bf16 AdamW engine at ZeRO `stage` over bias-free HIDDEN-wide linear layers, after one step."""
 
     from roll.third_party.deepspeed.offload_states_patch import patch_engine
 
-    hidden = 2048
-    layers = max(1, round(params_millions * 1e6 / hidden**2))
-    model = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden, bias=False) for _ in range(layers)])
+    return patch_engine(trained_engine(params_millions, {"stage": stage}))
+
+
+def trained_engine(params_millions: float, zero: dict[str, Any]) -> Any:
+    """A bf16 AdamW engine with ZeRO block `zero` over bias-free HIDDEN-wide linear layers, after one step."""
+    import deepspeed
+
+    layers = max(1, round(params_millions * 1e6 / HIDDEN**2))
+    model = torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(layers)])
     config = {
         "train_micro_batch_size_per_gpu": 2,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
     }
     engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
-    batch = torch.randn(2, hidden, dtype=torch.bfloat16, device=get_accelerator().current_device_name())
+    train_step(engine)
+    return engine
+
+
+def train_step(engine: Any) -> None:
+    """Forward, backward and optimizer step on a random batch of 2 rows."""
+    from deepspeed.accelerator import get_accelerator
+
+    batch = torch.randn(2, HIDDEN, dtype=torch.bfloat16, device=get_accelerator().current_device_name())
     engine.backward(engine(batch).float().pow(2).mean())
     engine.step()
-    return patch_engine(engine)
+
+
+def infinity_zero_block(device: str, swap_dir: str) -> dict[str, Any]:
+    """ZeRO-3 with parameters and Adam's states offloaded by DeepSpeed to `device` (cpu or nvme, into `swap_dir`).
+
+    Sub-groups and prefetch of one layer keep DeepSpeed's swap buffers near the layer size: its defaults (1e8
+    elements a buffer, 1e9 a sub-group) pin gigabytes of host memory. Both devices get the same block, so the
+    step times differ by where the states live only.
+    """
+    layer = HIDDEN * HIDDEN
+    param: dict[str, Any] = {"device": device}
+    optimizer: dict[str, Any] = {"device": device}
+    if device == "nvme":
+        param |= {"nvme_path": swap_dir, "buffer_count": 5, "buffer_size": layer}
+        optimizer |= {"nvme_path": swap_dir, "buffer_count": 4}
+    return {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_prefetch_bucket_size": layer,
+        "sub_group_size": layer,
+        "offload_param": param,
+        "offload_optimizer": optimizer,
+    }
+
+
+def disk_io() -> tuple[int, int]:
+    """Bytes this process has read from and written to storage (/proc/self/io; DeepSpeed's O_DIRECT swaps count)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under `path`."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One training step: wall seconds, CPU seconds of every thread of the process, bytes read and written."""
+
+    seconds: float
+    cpu_seconds: float
+    read: int
+    written: int
+
+
+def measured_step(engine: Any) -> StepCost:
+    """Run one training step of `engine` and return what it cost."""
+    read, written = disk_io()
+    cpu = time.process_time()
+    seconds = timed(lambda: train_step(engine))
+    cpu_seconds = time.process_time() - cpu
+    after = disk_io()
+    return StepCost(seconds, cpu_seconds, after[0] - read, after[1] - written)
+
+
+def zero_infinity_lines(args: argparse.Namespace) -> list[str]:
+    """Time training steps with DeepSpeed's offload to cpu and to nvme in interleaved rounds and return the table.
+
+    The fastest step of each counts, as in the bandwidth table; the median and the CPU time (which other processes'
+    load barely changes) show how much of a difference is the machine's load.
+    """
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        raise SystemExit("--zero-infinity needs DeepSpeed's async_io op: apt-get install libaio-dev (setup_env.sh)")
+    devices = {"cpu": "cpu (host memory)", "nvme": "**nvme (ZeRO-Infinity)**"}
+    with tempfile.TemporaryDirectory(prefix="zero_infinity_", dir=args.nvme_dir) as swap_dir:
+        engines = {
+            device: trained_engine(args.params_millions, infinity_zero_block(device, swap_dir)) for device in devices
+        }
+        steps: dict[str, list[StepCost]] = {device: [] for device in devices}
+        for _ in range(args.repeats):
+            for device, engine in engines.items():
+                steps[device].append(measured_step(engine))
+        swapped = folder_bytes(Path(swap_dir))
+        params = sum(p.ds_numel for p in engines["cpu"].module.parameters())
+        for engine in engines.values():
+            engine.destroy()
+    fastest = {device: min(costs, key=lambda cost: cost.seconds) for device, costs in steps.items()}
+    lines = [
+        f"ZeRO-3, {params / 1e6:.1f}M parameters (bf16, AdamW), parameters and Adam states offloaded by DeepSpeed, "
+        f"{args.threads} thread(s), swap folder under {args.nvme_dir}, {HUGE_PAGES}={os.environ.get(HUGE_PAGES, '')}, "
+        f"{args.repeats} interleaved steps each (disk bytes of the fastest):\n",
+        "| offload_param + offload_optimizer | fastest step s | vs cpu | median step s | CPU s/step "
+        "| disk read GB/step | disk write GB/step | swap GB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for device, name in devices.items():
+        best, costs = fastest[device], steps[device]
+        median = float(np.median([cost.seconds for cost in costs]))
+        cpu_seconds = float(np.median([cost.cpu_seconds for cost in costs]))
+        files = swapped if device == "nvme" else 0
+        lines.append(
+            f"| {name} | {best.seconds:.2f} | {best.seconds / fastest['cpu'].seconds:.2f}x | {median:.2f} "
+            f"| {cpu_seconds:.2f} | {best.read / GB:.2f} | {best.written / GB:.2f} | {files / GB:.2f} |"
+        )
+    return lines
 
 
 def timed(work: Callable[[], object]) -> float:
@@ -138,6 +262,9 @@ def main() -> None:
     args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     init_single_rank()
+    if args.zero_infinity:
+        report(args, INFINITY_BLOCK, zero_infinity_lines(args))
+        return
     from deepspeed.accelerator import get_accelerator
 
     engine = build_engine(args.params_millions, args.stage)
@@ -172,10 +299,15 @@ def main() -> None:
         reference_row("reference: sequential write + read in the disk directory", rates["disk"], rates["disk"]),
         offload_row("**offload_states + reload_states, nvme**", nbytes, cycles["nvme"], rates["disk"]),
     ]
+    report(args, block(), lines)
+
+
+def report(args: argparse.Namespace, name: str, lines: list[str]) -> None:
+    """Print the table with its command and machine; with --write-docs also put it in block `name` of the doc."""
     command = doc_tables.command_line(__file__, sys.argv[1:], env=(HUGE_PAGES,))
     print(f"{doc_tables.provenance(command, PACKAGES)}\n\n" + "\n".join(lines))
     if args.write_docs:
-        doc_tables.write_block(DOC, block(), command, "\n".join(lines), PACKAGES)
+        doc_tables.write_block(DOC, name, command, "\n".join(lines), PACKAGES)
 
 
 def reference_row(name: str, rate: float, reference: float) -> str:
