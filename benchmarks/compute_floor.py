@@ -55,9 +55,9 @@ def step_flops(shape: dict[str, int], new_tokens: int) -> dict[str, float]:
     return {"generate": prefill + decode, "reference_log_probs": full_pass, "actor_update": 3 * full_pass}
 
 
-def gemm_rate(rows: int, inner: int, cols: int, seconds: float = 3.0) -> float:
-    """fp32 FLOP/s of `torch.mm` on a `[rows, inner] x [inner, cols]` product, best of repeated timings."""
-    a, b = torch.randn(rows, inner), torch.randn(inner, cols)
+def gemm_rate(rows: int, inner: int, cols: int, seconds: float = 3.0, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of `torch.mm` on a `[rows, inner] x [inner, cols]` product in `dtype`, best of repeated timings."""
+    a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
     torch.mm(a, b)  # warm-up: thread pool and allocation
     best, deadline = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < deadline:
