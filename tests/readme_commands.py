@@ -208,6 +208,9 @@ VERDICTS: dict[str, Run | Skip] = {
     "python benchmarks/compute_floor.py --model small|medium": Run(
         "python benchmarks/compute_floor.py --model small", standalone=True
     ),
+    "python benchmarks/precision.py --model small|medium": Run(
+        "python benchmarks/precision.py --model small --rows 2 --steps 1", standalone=True
+    ),
     # The main job wrote the SFT export: roll-sft reuses it and roll-dpo starts from it (its dry runs check it exists).
     "roll-sft": Run("roll-sft max_steps=2 eval_steps=2"),
     "roll-dpo": Run("roll-dpo dry_run=true"),  # tests/integration/test_dpo_pipeline.py runs its YAML
