@@ -229,12 +229,12 @@ def sync_to_engine(trainer: Cluster, engine: Cluster) -> dict[str, float]:
 def test_dp2_tp2_trains_like_plain_data_parallel_syncs_an_engine_and_survives_offload(
     four_slots: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
 ) -> None:
-    plain = start_role(four_slots, model_path, zero_block(1), devices="0-1")  # dp = 2, tp = 1: the same 8 rows a step
+    plain = start_role(four_slots, model_path, zero_block(3), devices="0-1")  # dp = 2, tp = 1: the same 8 rows a step
     try:
         expected = train_losses(plain, batch, 2)
     finally:
         plain.shutdown()
-    trainer = start_role(four_slots, model_path, autotp_block(1), devices="0-3", offload_dir=str(tmp_path / "off"))
+    trainer = start_role(four_slots, model_path, autotp_block(3), devices="0-3", offload_dir=str(tmp_path / "off"))
     engine = start_role(four_slots, model_path, {}, strategy="hf_infer", devices="1-2")
     try:
         assert [(r.dp_rank, r.dp_size, r.tp_rank, r.tp_size) for r in trainer.rank_infos] == DP2_TP2_LAYOUT
