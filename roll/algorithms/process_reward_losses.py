@@ -42,20 +42,23 @@ def first_error_found(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Te
     return found[has_error].float().mean()
 
 
-def step_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each step's reward on its end token: sigmoid(score), the model's probability that the step is correct,
-    where `mask` is 1; 0 elsewhere. `[B, R]` -> `[B, R]`."""
-    return torch.where(mask.bool(), torch.sigmoid(scores.float()), torch.zeros_like(scores, dtype=torch.float32))
+def step_rewards(scores: torch.Tensor, mask: torch.Tensor, how: StepAggregate) -> torch.Tensor:
+    """Each step's reward on its end token (`mask`), 0 elsewhere: how much the step moves the running aggregate of
+    the steps' probabilities sigmoid(score), their min (`min`) or the latest (`last`), which starts at 0.
+    `[B, R]` -> `[B, R]`.
 
-
-def aggregate_step_rewards(rewards: torch.Tensor, mask: torch.Tensor, how: StepAggregate) -> torch.Tensor:
-    """One score per response from its step rewards `[B, R]` at the step ends `mask`: the smallest (`min`) or the
-    last step's (`last`); 0 for a response without a step. `[B, R]` -> `[B]`."""
-    steps = mask.bool()
-    if how == "min":
-        worst = torch.where(steps, rewards, torch.full_like(rewards, torch.inf)).min(-1).values
-        return torch.where(steps.any(-1), worst, torch.zeros_like(worst))
-    # The last marked position of each row (0 when none, whose reward is then 0 as the mask is).
-    positions = torch.arange(1, rewards.shape[1] + 1, device=rewards.device)
-    last = (steps * positions).max(-1).values.sub(1).clamp(min=0)
-    return torch.where(steps.any(-1), rewards.gather(-1, last.unsqueeze(-1)).squeeze(-1), torch.zeros(len(rewards)))
+    A response's step rewards sum to its aggregate (the score an outcome estimator reads); a step that keeps the
+    aggregate earns 0. Summed raw probabilities would pay for every extra step, and a policy learns to add steps.
+    """
+    probabilities = torch.sigmoid(scores.float())
+    rewards = torch.zeros_like(probabilities)
+    running = torch.zeros(len(scores), dtype=probabilities.dtype, device=scores.device)
+    seen = torch.zeros(len(scores), dtype=torch.bool, device=scores.device)
+    for t in range(scores.shape[1]):
+        ends = mask[:, t].bool()
+        value = probabilities[:, t]
+        if how == "min":
+            value = torch.where(seen, torch.minimum(running, value), value)
+        rewards[:, t] = torch.where(ends, value - running, rewards[:, t])
+        running, seen = torch.where(ends, value, running), seen | ends
+    return rewards

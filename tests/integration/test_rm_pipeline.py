@@ -9,13 +9,16 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
+from roll.algorithms.process_reward_losses import step_rewards
 from roll.datasets.preference_dataset import encode_pairs, load_preference_splits
-from roll.datasets.step_dataset import load_step_splits
+from roll.datasets.step_dataset import encode_steps, load_step_splits
+from roll.distributed.strategy.hf_compute import position_ids_from_mask
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKER
+from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_MODEL_WORKER, REWARD_MODEL_WORKER
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_pipeline import RMPipeline
+from tests.integration.test_rlvr_pipeline import ONE_RANK
 from tests.integration.test_rlvr_pipeline import make_config as make_rlvr_config
 from tests.pipeline_runs import logged_metrics, run_pipeline
 from tests.unit.test_hydra_configs import load_config
@@ -99,7 +102,8 @@ def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session:
 def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_token(
     ray_session: None, tmp_path: Path
 ) -> None:
-    """Two steps of 8 step-labelled responses on one rank; the export scores every token (token classification)."""
+    """Two steps of 8 step-labelled responses on one rank; the export scores every token (token classification),
+    then serves as RLVR's reward: step rewards where the training data marks step ends, one REINFORCE++ step."""
     overrides = [
         "pretrain=tiny://qwen2",
         "batch_size=8",
@@ -135,3 +139,36 @@ def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_toke
         steps = model(input_ids=ids).logits[0, :, 0]
     ends = [len(row.example.prompt_ids) + end for end in row.step_ends]
     assert ends[-1] == ids.shape[1] - 1 and steps[ends[0]] != steps[ends[1]]  # a score per step
+
+    rlvr_config = make_rlvr_config(
+        tmp_path,
+        *ONE_RANK,
+        "max_steps=1",
+        "eval_steps=100",
+        "eval_batch_size=8",
+        "num_log_samples=8",
+        "data.task=two_step_arithmetic",
+        "actor_infer.generating_args.max_new_tokens=8",
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        f"rewards.math.worker_cls={PROCESS_REWARD_MODEL_WORKER}",
+        f"rewards.math.model_args.model_name_or_path={export}",
+        "rewards.math.strategy_args.strategy_name=hf_infer",
+        "rewards.math.model_args.dtype=fp32",
+    )
+    batch = encode_steps(held_out[:4], tokenizer.pad_token_id)
+    rlvr = RLVRPipeline(rlvr_config)
+    try:
+        served = rlvr.clusters["rewards.math"].compute_rewards(batch).batch
+        rlvr.run()
+    finally:
+        rlvr.shutdown()
+    mask, step_mask = batch.batch["attention_mask"], batch.batch["step_mask"]
+    with torch.no_grad():
+        output = model(
+            input_ids=batch.batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask)
+        )
+    direct = step_rewards(output.logits[:, -step_mask.shape[1] :, 0], step_mask, "min")
+    torch.testing.assert_close(served["turn_rewards"], direct, atol=1e-5, rtol=0)
+    torch.testing.assert_close(served["scores"], direct.sum(-1), atol=1e-5, rtol=0)
+    steps = logged_metrics(tmp_path / "rlvr")
+    assert steps[-1]["step"] == 1 and steps[-1]["rollout/reward_failed"] == 0 and "actor/loss" in steps[-1]

@@ -3,7 +3,6 @@ the min / last aggregates by hand, the advantages they feed, the two-step prompt
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from roll.algorithms.process_reward_losses import aggregate_step_rewards, step_rewards
+from roll.algorithms.process_reward_losses import step_rewards
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.data_config import DataArguments, PreferenceDataArguments
 from roll.configs.schema import ConfigError
@@ -24,22 +23,26 @@ from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_MODEL_WORKER, REWARD_M
 from roll.pipeline.rlvr.rollout import compute_advantages
 from tests.unit.test_rm import rlvr_with_reward_model, write_model_config
 
-# Logits at four response tokens of two responses; the first has steps ending at tokens 1 and 3, the second none.
-SCORES = torch.tensor([[3.0, -1.0, 4.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
-MASK = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0]])
+# Logits at four response tokens of three responses; the first two have steps ending at tokens 1 and 3 (the first
+# step's probability 0.2689 then 0.8808, the second's the other way round), the third none.
+SCORES = torch.tensor([[3.0, -1.0, 4.0, 2.0], [0.0, 2.0, 0.0, -1.0], [1.0, 1.0, 1.0, 1.0]])
+MASK = torch.tensor([[0, 1, 0, 1], [0, 1, 0, 1], [0, 0, 0, 0]])
+LOW, HIGH = 0.26894142, 0.88079708  # sigmoid(-1), sigmoid(2)
 
 
-def sigmoid(x: float) -> float:
-    return 1 / (1 + math.exp(-x))
-
-
-def test_step_rewards_sit_on_the_step_end_tokens_and_aggregate_to_the_min_or_the_last() -> None:
-    rewards = step_rewards(SCORES, MASK)
-    expected = torch.tensor([[0.0, sigmoid(-1.0), 0.0, sigmoid(2.0)], [0.0, 0.0, 0.0, 0.0]])
+def test_step_rewards_sit_on_the_step_end_tokens_and_move_the_running_min() -> None:
+    # The first step sets the min; the second keeps it (0) or lowers it (LOW - HIGH). Each row sums to its min.
+    expected = torch.tensor([[0.0, LOW, 0.0, 0.0], [0.0, HIGH, 0.0, LOW - HIGH], [0.0, 0.0, 0.0, 0.0]])
+    rewards = step_rewards(SCORES, MASK, "min")
     torch.testing.assert_close(rewards, expected)
-    # Worst step 0.2689, last step 0.8808; a response without a step scores 0 either way.
-    torch.testing.assert_close(aggregate_step_rewards(rewards, MASK, "min"), torch.tensor([0.26894142, 0.0]))
-    torch.testing.assert_close(aggregate_step_rewards(rewards, MASK, "last"), torch.tensor([0.88079708, 0.0]))
+    torch.testing.assert_close(rewards.sum(-1), torch.tensor([LOW, LOW, 0.0]))
+
+
+def test_step_rewards_move_the_last_step_probability() -> None:
+    expected = torch.tensor([[0.0, LOW, 0.0, HIGH - LOW], [0.0, HIGH, 0.0, LOW - HIGH], [0.0, 0.0, 0.0, 0.0]])
+    rewards = step_rewards(SCORES, MASK, "last")
+    torch.testing.assert_close(rewards, expected)
+    torch.testing.assert_close(rewards.sum(-1), torch.tensor([HIGH, LOW, 0.0]))
 
 
 @pytest.mark.parametrize(
@@ -76,7 +79,7 @@ class _FixedScoresStrategy:
         return forward_func(batch, SimpleNamespace(logits=logits))[1]
 
 
-@pytest.mark.parametrize(("step_rewards_on", "aggregate", "score"), [(True, "min", -1.0), (False, "last", 2.0)])
+@pytest.mark.parametrize(("step_rewards_on", "aggregate", "score"), [(True, "min", LOW), (False, "last", HIGH)])
 def test_the_prm_worker_scores_steps_of_generated_ids_and_drops_the_closing_eos(
     step_rewards_on: bool, aggregate: str, score: float
 ) -> None:
@@ -97,35 +100,35 @@ def test_the_prm_worker_scores_steps_of_generated_ids_and_drops_the_closing_eos(
         strategy=_FixedScoresStrategy(), tokenizer=tokenizer, worker_config=config, compute_seconds=0.0
     )
     out = ProcessRewardModelWorker.compute_rewards(worker, batch).batch
-    assert out["scores"].tolist() == pytest.approx([sigmoid(score), 0.0])
+    assert out["scores"].tolist() == pytest.approx([score, 0.0])
     assert out["reward_failed"].tolist() == [0.0, 0.0]
     if step_rewards_on:
-        torch.testing.assert_close(out["turn_rewards"], step_rewards(SCORES, MASK))
-        assert out["turn_discounts"].eq(1).all()
+        torch.testing.assert_close(out["turn_rewards"][0], step_rewards(SCORES[:1], MASK[:1], aggregate)[0])
+        assert out["turn_rewards"][1].eq(0).all() and out["turn_discounts"].eq(1).all()
     else:
         assert "turn_rewards" not in out
     assert step_end_mask(torch.tensor([[11, sep, eos, 0]]), torch.tensor([3]), [sep], eos).tolist() == [[0, 1, 0, 0]]
 
 
 def test_token_level_estimators_credit_each_step_and_outcome_estimators_read_the_aggregate() -> None:
-    rewards = step_rewards(SCORES, MASK)
+    rewards = step_rewards(SCORES[:2], MASK[:2], "min")
     batch = DataProto.from_dict(
         tensors={
-            "scores": aggregate_step_rewards(rewards, MASK, "min"),
+            "scores": rewards.sum(-1),
             "turn_rewards": rewards,
             "turn_discounts": torch.ones_like(rewards),
             "response_mask": torch.ones(2, 4, dtype=torch.long),
         }
     )
     group = torch.tensor([0, 0])
-    token_level = AlgorithmArguments(adv_estimator="reinforce_plus_plus", whiten_advantages=False)
+    token_level = AlgorithmArguments(adv_estimator="reinforce_plus_plus")
     out, _ = compute_advantages(batch, group, token_level, 0.0)
     torch.testing.assert_close(out.batch["token_rewards"], rewards)
-    # Returns to go (gamma 1): both steps' rewards before the first step's end, the second's after it.
-    low, high = sigmoid(-1.0), sigmoid(2.0)
-    torch.testing.assert_close(out.batch["returns"][0], torch.tensor([low + high, low + high, high, high]))
+    # Returns to go (gamma 1): the min from the start; after the second response's first step, only its drop.
+    expected = torch.tensor([[LOW, LOW, 0.0, 0.0], [LOW, LOW, LOW - HIGH, LOW - HIGH]])
+    torch.testing.assert_close(out.batch["returns"], expected)
     out, _ = compute_advantages(batch, group, AlgorithmArguments(adv_estimator="grpo"), 0.0)
-    assert out.batch["token_rewards"][0].tolist() == pytest.approx([0.0, 0.0, 0.0, low])  # the min, at the end
+    assert out.batch["token_rewards"][1].tolist() == pytest.approx([0.0, 0.0, 0.0, LOW])  # the min, at the end
 
 
 def test_the_two_step_task_prompts_a_sum_of_three_and_demonstrates_both_steps() -> None:
@@ -162,17 +165,19 @@ def prm_dir(tmp_path: Path) -> str:
 def test_a_prm_export_passes_with_step_rewards_or_with_its_aggregate(tmp_path: Path, prm_dir: str) -> None:
     config = prm_rlvr(tmp_path, prm_dir, "algorithm.adv_estimator=reinforce_plus_plus")
     assert config.rewards["math"].step_rewards and config.rewards["math"].step_aggregate == "min"
+    lines = config.batch_plan()
+    assert lines[-1].endswith(
+        "split into steps at '\\n'; the process reward model gives each step's reward on its "
+        "last token (score: min step)"
+    )
+    # grpo reads the score, which the step rewards sum to.
     prm_rlvr(tmp_path, prm_dir, "rewards.math.step_rewards=false", "rewards.math.step_aggregate=last")
+    prm_rlvr(tmp_path, prm_dir)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (
-            [],  # the YAML's grpo
-            r"rewards\.math\.step_rewards=true puts each step's reward on its own token, which "
-            r"algorithm\.adv_estimator=grpo would sum .* set rewards\.math\.step_rewards=false",
-        ),
         (
             ["algorithm.adv_estimator=reinforce_plus_plus", "+rewards.code.domains=[code]"],
             r"rewards\.math\.step_rewards=true gives per-step rewards, which the scores of rewards\.code cannot join",
@@ -180,7 +185,7 @@ def test_a_prm_export_passes_with_step_rewards_or_with_its_aggregate(tmp_path: P
         (["rewards.math.step_aggregate=mean"], r"rewards\.math\.step_aggregate"),
     ],
 )
-def test_rlvr_refuses_step_rewards_it_cannot_use(
+def test_rlvr_refuses_step_rewards_it_cannot_join_and_unknown_aggregates(
     overrides: list[str], message: str, tmp_path: Path, prm_dir: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from roll.algorithms.process_reward_losses import aggregate_step_rewards, step_rewards
+from roll.algorithms.process_reward_losses import step_rewards
 from roll.datasets.prompt_dataset import response_texts
 from roll.datasets.step_dataset import response_step_ends, separator_ids
 from roll.distributed.executor.strategy_worker import StrategyWorker
@@ -79,12 +79,13 @@ class RewardModelWorker(StrategyWorker):
 
 class ProcessRewardModelWorker(StrategyWorker):
     """Scores `[prompt | response]` rows with a process reward model (`roll-rm --config-name rm_prm_arithmetic`):
-    the response is split into steps at `step_separator` as the model's training data was, and each step's
-    reward is sigmoid of its score at the step's last token.
+    the response is split into steps at `step_separator` as the model's training data was, and the model's
+    probability that a step is correct is sigmoid of its score at the step's last token.
 
-    RLVR's `compute_rewards` gives `scores`, the `step_aggregate` of the steps (min or last: the sequence score of
-    grpo and rloo), and with `step_rewards` on, `turn_rewards` (each step's reward on its last token) for the
-    estimators that credit tokens one by one (reinforce_plus_plus, gae), the multi-turn path's layout.
+    RLVR's `compute_rewards` gives `scores`, the `step_aggregate` of the probabilities (min or last: the sequence
+    score of grpo and rloo), and with `step_rewards` on, `turn_rewards` for the estimators that credit tokens one
+    by one (reinforce_plus_plus, gae), the multi-turn path's layout: on each step's last token, the change the
+    step makes to the running aggregate (they sum to `scores`).
     """
 
     model_kind: ModelKind = "value"
@@ -103,8 +104,8 @@ class ProcessRewardModelWorker(StrategyWorker):
         separator = separator_ids(self.tokenizer, config.step_separator, f"{config.name}.step_separator")
         lengths = data["response_mask"].sum(-1)
         mask = step_end_mask(data["responses"], lengths, separator, self.tokenizer.eos_token_id)
-        rewards = step_rewards(scores, mask)
-        sequence_scores = aggregate_step_rewards(rewards, mask, config.step_aggregate)
+        rewards = step_rewards(scores, mask, config.step_aggregate)
+        sequence_scores = rewards.sum(-1)
         tensors = {"scores": sequence_scores, "reward_failed": torch.zeros_like(sequence_scores)}
         if config.step_rewards:
             tensors |= {"turn_rewards": rewards, "turn_discounts": torch.ones_like(rewards)}

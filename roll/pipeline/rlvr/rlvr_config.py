@@ -109,11 +109,12 @@ class RewardConfig(WorkerConfig):
     step_separator: str = field(
         default="\n", metadata=check(nonempty=True, expect="the text after each step, e.g. '\\n' or ' ки'")
     )
-    # A process reward model: each step's reward on its last token, for reinforce_plus_plus and gae (false: the
-    # step_aggregate on the response's last token, for any estimator).
-    step_rewards: bool = True
-    # A process reward model: a response's score from its step rewards, its worst step's or its last step's.
+    # A process reward model: a response's score, the min or the last of its steps' probabilities of being correct.
     step_aggregate: StepAggregate = "min"
+    # A process reward model: on each step's last token, the change the step makes to the running step_aggregate,
+    # for reinforce_plus_plus and gae (they sum to the score, which grpo and rloo read); false: the score on the
+    # response's last token.
+    step_rewards: bool = True
 
     @property
     def reward_fns(self) -> list[str]:
@@ -326,21 +327,12 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             self._check_step_rewards(key, reward)
 
     def _check_step_rewards(self, key: str, reward: RewardConfig) -> None:
-        """Per-step rewards need an estimator that credits tokens one by one, and no other reward cluster (whose
-        scores would have no steps to join)."""
-        separator_ids(
-            load_tokenizer(reward.model_args.model_name_or_path), reward.step_separator, f"rewards.{key}.step_separator"
-        )
+        """The separator has tokens; per-step rewards come from the only reward cluster (other clusters' scores
+        would have no steps to join)."""
+        path = reward.model_args.model_name_or_path
+        separator_ids(load_tokenizer(path), reward.step_separator, f"rewards.{key}.step_separator")
         if not reward.step_rewards:
             return
-        estimator = self.algorithm.adv_estimator
-        if estimator not in TOKEN_LEVEL_ESTIMATORS:
-            raise ConfigError(
-                f"rewards.{key}.step_rewards=true puts each step's reward on its own token, which "
-                f"algorithm.adv_estimator={estimator} would sum into one score per sample; set "
-                f"rewards.{key}.step_rewards=false to score each sample by its step_aggregate "
-                f"({reward.step_aggregate}), or use reinforce_plus_plus (or gae with a critic)"
-            )
         others = sorted(set(self.reward_clusters()) - {key})
         if others:
             raise ConfigError(
