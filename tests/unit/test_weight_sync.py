@@ -13,6 +13,7 @@ from roll.distributed.weight_sync.broadcast import (
     BroadcastGroup,
     SyncAborted,
     SyncHeaders,
+    host_store,
     open_store,
     receive_weights,
     send_weights,
@@ -120,12 +121,6 @@ def test_shape_check_names_the_weight() -> None:
 # ---- the broadcast protocol between real gloo members (threads of this process) ---------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Receiver:
     """One inference worker's side: headers through the store, tensors through its own group member."""
 
@@ -165,16 +160,24 @@ def run_all(*calls: Callable[[], object]) -> list[object]:
 
 @pytest.fixture
 def group() -> tuple[BroadcastGroup, SyncHeaders, list[Receiver]]:
-    """A source and two receivers in a 3-member gloo group."""
-    port = free_port()
+    """A source and two receivers in a 3-member gloo group, over the store the source hosts as a worker does."""
+    store = host_store(timeout_s=60)
+    port = store.port
     shapes = {name: tuple(t.shape) for name, t in mixed_weights()}
     members = run_all(
-        lambda: BroadcastGroup("127.0.0.1", port, 0, 3, "gloo", torch.device("cpu"), timeout_s=60),
+        lambda: BroadcastGroup("", port, 0, 3, "gloo", torch.device("cpu"), timeout_s=60, store=store),
         lambda: Receiver(port, 1, 3, shapes),
         lambda: Receiver(port, 2, 3, shapes),
     )
     source = members[0]
     return source, SyncHeaders(source.store), members[1:]
+
+
+def test_the_source_store_holds_its_port_from_the_moment_it_is_hosted() -> None:
+    """No other process can bind the port between the source choosing it and the group forming."""
+    store = host_store(timeout_s=5)
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("", store.port))
 
 
 def test_a_broadcast_sync_delivers_every_weight_bit_for_bit_twice_in_a_row(group) -> None:

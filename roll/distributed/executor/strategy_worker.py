@@ -8,6 +8,8 @@ through `roll.distributed.weight_sync.colocated.hand_over`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ray
 
 from roll.distributed.executor.worker import Worker
@@ -17,6 +19,7 @@ from roll.distributed.weight_sync.broadcast import (
     DEFAULT_TIMEOUT_S,
     BroadcastGroup,
     SyncHeaders,
+    host_store,
     open_store,
     receive_weights,
     send_weights,
@@ -25,6 +28,9 @@ from roll.distributed.weight_sync.buckets import iter_buckets
 from roll.distributed.weight_sync.colocated import SharedBucket, hand_over, open_bucket
 from roll.distributed.weight_sync.plan import BROADCAST_SOURCE
 from roll.models.model_providers import ModelKind, load_model, load_tokenizer
+
+if TYPE_CHECKING:
+    import torch.distributed
 
 
 class StrategyWorker(Worker):
@@ -42,6 +48,8 @@ class StrategyWorker(Worker):
         self.strategy.initialize(lambda: load_model(config.model_args, self.model_kind, trainable=backend.trains()))
         # As a broadcast source: the group, its headers and receiving group ranks, per target role.
         self.broadcast_sources: dict[str, tuple[BroadcastGroup, SyncHeaders, list[int]]] = {}
+        # Stores hosted for groups still forming (host_broadcast_store -> open_broadcast_source), per target role.
+        self.broadcast_stores: dict[str, torch.distributed.TCPStore] = {}
         # As a broadcast receiver: the group's headers and this worker's first group rank.
         self.sync_headers: SyncHeaders | None = None
         self.sync_rank = -1
@@ -88,15 +96,23 @@ class StrategyWorker(Worker):
         return self.strategy.weight_sync_shards
 
     @register(Dispatch.RANK0)
-    def open_broadcast_source(
-        self, target: str, address: str, port: int, world_size: int, receivers: list[int]
-    ) -> None:
-        """Host the group that broadcasts weights to role `target` as its rank 0, sending to group ranks `receivers`.
+    def host_broadcast_store(self, target: str) -> tuple[str, int]:
+        """Start hosting the store of the group that will broadcast weights to role `target`; return this node's
+        address and the store's port for the members to connect to."""
+        self.broadcast_stores[target] = host_store()
+        return ray.util.get_node_ip_address(), self.broadcast_stores[target].port
+
+    @register(Dispatch.RANK0)
+    def open_broadcast_source(self, target: str, world_size: int, receivers: list[int]) -> None:
+        """Form the group that broadcasts weights to role `target` as its rank 0, over the store
+        `host_broadcast_store` started, sending to group ranks `receivers`.
 
         A training rank may feed several roles, one group each.
         """
         device = self.platform.device_name(self.local_rank)
-        group = BroadcastGroup(address, port, BROADCAST_SOURCE, world_size, self.platform.dist_backend, device)
+        store = self.broadcast_stores.pop(target)
+        backend = self.platform.dist_backend
+        group = BroadcastGroup("", store.port, BROADCAST_SOURCE, world_size, backend, device, store=store)
         self.broadcast_sources[target] = (group, SyncHeaders(group.store), receivers)
 
     @register(Dispatch.ALL_TO_ALL)

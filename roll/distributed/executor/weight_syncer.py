@@ -29,14 +29,14 @@ class WeightSyncer:
             self._open_broadcast_group()
 
     def _open_broadcast_group(self) -> None:
-        address, port = self.train.node_address_and_free_port()
+        address, port = self.train.host_broadcast_store(self.infer.name)
         world_size = self.plan.broadcast_world_size
         receivers = [ranks[0] for ranks in self.plan.broadcast_ranks.values()]
         n = self.infer.world_size
         member_ranks = [self.plan.broadcast_ranks.get(worker) for worker in range(n)]
         # Every member must be joining at the same time: the group forms only when all have arrived.
         get_all(
-            self.train.open_broadcast_source(self.infer.name, address, port, world_size, receivers, blocking=False),
+            self.train.open_broadcast_source(self.infer.name, world_size, receivers, blocking=False),
             self.infer.join_weight_broadcast([address] * n, [port] * n, [world_size] * n, member_ranks, blocking=False),
         )
 

@@ -52,16 +52,6 @@ class Worker:
         self.logger = logging.getLogger(f"roll.{worker_config.name}.rank{self.rank}")
 
     @register(Dispatch.RANK0)
-    def node_address_and_free_port(self) -> tuple[str, int]:
-        """This node's IP address and a TCP port free at the moment of asking (for MASTER_ADDR/PORT)."""
-        import ray
-
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    @register(Dispatch.RANK0)
     def open_rendezvous(self) -> tuple[str, int]:
         """Host the role's process-group store on a port the OS picks now; return this node's address and the port.
 

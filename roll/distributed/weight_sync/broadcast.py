@@ -42,6 +42,12 @@ def open_store(master_addr: str, master_port: int, is_master: bool, timeout_s: f
     )
 
 
+def host_store(timeout_s: float = DEFAULT_TIMEOUT_S) -> dist.TCPStore:
+    """The source's store, listening on a port the OS picks as it binds: nothing else on the node can take the
+    port between choosing it and hosting the group (a port found free and bound later left that window open)."""
+    return open_store("0.0.0.0", 0, is_master=True, timeout_s=timeout_s)
+
+
 def new_process_group(
     store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float
 ) -> dist.ProcessGroup:
@@ -133,7 +139,8 @@ class SyncHeaders:
 class BroadcastGroup:
     """This process's membership in the weight-broadcast group: rank 0 sends tensors, the others receive.
 
-    `device` is the member's own device; gloo moves host tensors, so with gloo tensors stay on the CPU.
+    `device` is the member's own device; gloo moves host tensors, so with gloo tensors stay on the CPU. The
+    source may bring the store it already hosts (`host_store`); the others connect to master_addr:master_port.
     """
 
     def __init__(
@@ -145,10 +152,11 @@ class BroadcastGroup:
         backend: str,
         device: torch.device | str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        store: dist.TCPStore | None = None,
     ) -> None:
         self.rank = rank
         self.device = torch.device("cpu" if backend == "gloo" else device)
-        self.store = open_store(master_addr, master_port, rank == 0, timeout_s)
+        self.store = store or open_store(master_addr, master_port, rank == 0, timeout_s)
         self.group = new_process_group(self.store, rank, world_size, backend, timeout_s)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
