@@ -13,7 +13,7 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.strategy_worker import StrategyWorker as PipelineStrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
-from roll.distributed.strategy.strategy import Generation, TrainStrategy
+from roll.distributed.strategy.strategy import Generation
 from roll.models.hf_weights import hf_named_weights
 from roll.utils.functionals import masked_mean, response_log_probs
 
@@ -54,9 +54,9 @@ class StrategyWorker(PipelineStrategyWorker):
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """What this rank's weight sync sends (`iter_hf_weights`, which every rank runs), or the weights an inference
         engine holds: name -> tensor, on CPU."""
-        if isinstance(self.strategy, TrainStrategy):
+        if hasattr(self.strategy, "iter_hf_weights"):  # deepspeed_train and deepspeed_infer gather what they shard
             weights = self.strategy.iter_hf_weights()
-        else:
+        else:  # hf_infer holds a plain model
             weights = hf_named_weights(self.strategy.model)
         return {name: tensor.detach().cpu() for name, tensor in weights}
 
