@@ -13,6 +13,7 @@ from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import TrainingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, model_inputs
+from roll.distributed.strategy.strategy import InferenceStrategy
 from roll.pipeline.base.rl_workers import ActorWorker
 from roll.pipeline.rlvr.rollout import compute_advantages
 
@@ -29,6 +30,8 @@ class GradientStrategy:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+
+    response_log_probs = InferenceStrategy.response_log_probs  # what ActorWorker.compute_log_probs calls
 
     def forward_step(self, batch: DataProto, forward_func: Any) -> dict[str, torch.Tensor]:
         return forward_in_micro_batches(self.model, batch, forward_func, ROWS, "cpu")

@@ -19,6 +19,7 @@ from roll.configs.worker_config import ModelArguments, TrainingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, optimizer_step_losses
 from roll.distributed.strategy.micro_batches import TokenBudget
+from roll.distributed.strategy.strategy import InferenceStrategy
 from roll.models.model_providers import ModelKind, load_model
 from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.pipeline.base.rl_workers import ActorWorker, CriticWorker
@@ -42,6 +43,8 @@ class LocalStrategy:
     def __init__(self, model: torch.nn.Module, micro: int, budget: TokenBudget | None, step_rows: int) -> None:
         self.model, self.micro, self.budget, self.step_rows = model, micro, budget, step_rows
         self.micro_batches = 0
+
+    response_log_probs = InferenceStrategy.response_log_probs  # what ActorWorker.compute_log_probs calls
 
     def forward_step(self, batch: DataProto, forward_func: Any) -> dict[str, torch.Tensor]:
         return forward_in_micro_batches(self.model, batch, forward_func, self.micro, "cpu", self.budget)
