@@ -248,8 +248,19 @@ VERDICTS: dict[str, Run | Skip] = {
         "roll-rlvr --config-name distill_onpolicy_arithmetic dry_run=true"
     ),
     "roll-rm margin=1.0": Run("roll-rm margin=1.0 dry_run=true", standalone=True),
-    # Starts from roll-rm's export: not standalone. tests/integration/test_rm_pipeline.py runs its YAML.
-    "roll-rm --config-name rm_prm_arithmetic": Run("roll-rm --config-name rm_prm_arithmetic dry_run=true"),
+    # Starts from roll-rm's export, and rlvr_prm_arithmetic reads its own: a real step, not standalone.
+    "roll-rm --config-name rm_prm_arithmetic": Run(
+        "roll-rm --config-name rm_prm_arithmetic max_steps=1 eval_steps=1 eval_batch_size=16"
+    ),
+    # The two-step warm start rlvr_prm_arithmetic starts from.
+    "roll-sft exp_name=sft_two_step data.task=two_step_arithmetic max_response_length=20": Run(
+        "roll-sft exp_name=sft_two_step data.task=two_step_arithmetic max_response_length=20 max_steps=2 eval_steps=2"
+    ),
+    # Reads the PRM and the two-step SFT exports; no integration test runs this YAML (test_rm_pipeline.py takes an
+    # RLVR step with a PRM from rlvr_arithmetic.yaml), so one real step.
+    "roll-rlvr --config-name rlvr_prm_arithmetic": Run(
+        "roll-rlvr --config-name rlvr_prm_arithmetic max_steps=1 eval_steps=1 eval_batch_size=8"
+    ),
     "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}'": Run(
         "roll-rm 'reward_model.strategy_args.strategy_config=${deepspeed_zero3}' dry_run=true", standalone=True
     ),

@@ -11,8 +11,8 @@ What it gets for free:
 
 - `entry`: Hydra config -> strict dataclasses -> validation -> dry run or run, clear exit codes;
 - `pipeline`: Ray connection, device reservation, one cluster per role, orderly shutdown;
-- `rl_workers`, `reward_model_worker`: the actor (train, infer, reference), the critic and a
-  reward-model scorer, with their losses from `roll.algorithms`;
+- `rl_workers`, `reward_model_worker`: the actor (train, infer, reference), the critic and the
+  outcome and process reward-model scorers, with their losses from `roll.algorithms`;
 - `residency`: which roles' states each phase needs on the devices, offloading the others;
 - `checkpoint_state`, `resumable`: the driver's part of a checkpoint and `resume_from_checkpoint`;
 - `training_loop`, `preference_config`, `preference_loop`: the loop of steps, held-out evaluation,
