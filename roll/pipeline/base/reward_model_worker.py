@@ -105,8 +105,8 @@ class ProcessRewardModelWorker(StrategyWorker):
         lengths = data["response_mask"].sum(-1)
         mask = step_end_mask(data["responses"], lengths, separator, self.tokenizer.eos_token_id)
         rewards = step_rewards(scores, mask, config.step_aggregate)
-        sequence_scores = rewards.sum(-1)
-        tensors = {"scores": sequence_scores, "reward_failed": torch.zeros_like(sequence_scores)}
+        totals = rewards.sum(-1)  # the step_aggregate: the step rewards are its increments
+        tensors = {"scores": totals, "reward_failed": torch.zeros_like(totals)}
         if config.step_rewards:
             tensors |= {"turn_rewards": rewards, "turn_discounts": torch.ones_like(rewards)}
         return DataProto.from_dict(
