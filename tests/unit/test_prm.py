@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,14 @@ from roll.configs.data_config import PreferenceDataArguments
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import ModelArguments
-from roll.datasets.step_dataset import encode_steps, load_step_splits
+from roll.datasets.arithmetic import OPERATIONS, arithmetic_problems
+from roll.datasets.step_dataset import (
+    GARBAGE_CHARACTERS,
+    WRONG_KINDS,
+    arithmetic_step_table,
+    encode_steps,
+    load_step_splits,
+)
 from roll.models.model_providers import load_model, load_tokenizer
 from roll.pipeline.rm.prm_worker import process_objective, response_scores
 from roll.pipeline.rm.rm_config import RMConfig
@@ -59,26 +68,60 @@ def test_process_objective_reports_step_accuracy_and_the_mean_step_score() -> No
     assert metrics["step_score"].item() == pytest.approx((5.0 - 1.0 + 1.0) / 3)
 
 
-def test_built_in_steps_answer_each_prompt_right_and_wrong_with_every_step_after_an_error_wrong() -> None:
+def test_built_in_steps_answer_each_prompt_right_and_wrong_and_close_with_a_labelled_eos() -> None:
     tokenizer = load_tokenizer("tiny://qwen2")
     data = PreferenceDataArguments(format="steps", apply_chat_template=False)
-    train, held_out = load_step_splits(data, tokenizer, 20)
-    assert len(train) == 4 * 640 and len(held_out) == 4 * 160
+    train, held_out = load_step_splits(data, tokenizer, 32)
+    assert len(train) == 8 * 640 and len(held_out) == 8 * 160
     assert {p.example.prompt for p in train}.isdisjoint({p.example.prompt for p in held_out})
     for right, wrong in zip(train[0::2], train[1::2], strict=True):
-        assert right.example.prompt == wrong.example.prompt and right.labels == (True, True)
-        assert wrong.labels in ((False, False), (True, False))
+        assert right.example.prompt == wrong.example.prompt and right.labels == (True, True, True)
+        assert wrong.labels[-1] is False and list(wrong.labels) == sorted(wrong.labels, reverse=True)
         expression, third = right.example.prompt[:-1].rsplit("+", 1)
-        partial, total = (step.split("=")[1] for step in wrong.example.answer.splitlines())
-        assert int(total) - int(partial) != int(third) or wrong.labels == (False, False)  # carries on from an error
         assert (
             right.example.answer
             == f"{expression}={eval(expression)}\n{eval(expression)}+{third}={eval(expression) + int(third)}\n"
         )
     batch = encode_steps(train[:2], tokenizer.pad_token_id).batch
     separator = tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
-    assert ((batch["responses"] == separator) == batch["step_mask"].bool()).all()  # scored at separators only
-    assert batch["step_labels"][0][batch["step_mask"][0].bool()].tolist() == [1.0, 1.0]
+    ends = (batch["responses"] == separator) | (batch["responses"] == tokenizer.eos_token_id)
+    assert (ends == batch["step_mask"].bool()).all()  # scored at separators and the closing EOS only
+    assert batch["step_labels"][0][batch["step_mask"][0].bool()].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_built_in_wrong_answers_are_of_every_kind_and_wrong_from_their_first_wrong_step() -> None:
+    rows = arithmetic_step_table(arithmetic_problems()[0], seed=0).to_list()
+    wrong = [row for row in rows if row["kind"]]
+    assert len(wrong) == len(rows) / 2 and not any(row["complete"] for row in wrong)
+    shares = Counter(row["kind"] for row in wrong)
+    assert set(shares) == set(WRONG_KINDS) and 0.4 < shares["off_by"] / len(wrong) < 0.6
+
+    def right(step: str) -> bool:  # an equation `x op y=z` that holds
+        match = re.fullmatch(r"(-?\d+)([+-])(\d+)=(-?\d+)", step)
+        return bool(match) and OPERATIONS[match[2]](int(match[1]), int(match[3])) == int(match[4])
+
+    for row in wrong:
+        prompt, steps, labels = row["messages"][0]["content"], row["steps"], row["labels"]
+        first_wrong = labels.index(False) if False in labels else len(labels)
+        assert labels == [True] * first_wrong + [False] * (len(steps) - first_wrong)
+        expression, third = prompt[:-1].rsplit("+", 1)
+        assert steps[0].startswith(f"{expression}=") or first_wrong == 0
+        kind = row["kind"]
+        if kind == "off_by":
+            assert len(steps) == 2 and not right(steps[first_wrong]) and first_wrong < 2
+        elif kind == "operands":  # right arithmetic, but not on the prompt's numbers
+            expected = [f"{expression}=", f"{steps[0].split('=')[1]}+{third}="]
+            assert right(steps[first_wrong]) and not steps[first_wrong].startswith(expected[first_wrong])
+        elif kind == "garbage":
+            assert len(steps) == first_wrong + 1 and not right(steps[-1]) and set(steps[-1]) <= set(GARBAGE_CHARACTERS)
+        elif kind == "truncated":
+            partial = eval(expression)
+            whole = [f"{expression}={partial}", f"{partial}+{third}={partial + int(third)}"][first_wrong]
+            assert len(steps) == first_wrong + 1 and whole.startswith(steps[-1]) and steps[-1] != whole
+        elif kind == "extra":
+            assert len(steps) == 3 and first_wrong == 2 and all(right(step) for step in steps)
+        else:
+            assert kind == "stop" and len(steps) == 1 and labels == [True] and right(steps[0])
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -98,10 +141,10 @@ def test_step_files_read_by_column_and_a_length_mismatch_names_file_row_and_fiel
     data.apply_chat_template, data.step_separator = False, " ки"
     tokenizer = load_tokenizer("tiny://qwen2")
     train, _ = load_step_splits(data, tokenizer, 32)
-    assert [row.labels for row in train] == [(True, True), (False, False)]
+    assert [row.labels for row in train] == [(True, True, True), (False, False, False)]  # the EOS's last
     assert train[0].example.answer == "1+2=3 ки3+3=6 ки"
-    ids = train[0].example.response_ids
-    assert [ids[end] for end in train[0].step_ends] == [ids[-1], ids[-1]]  # each step's label at its separator's end
+    ids, eos = train[0].example.response_ids, tokenizer.eos_token_id
+    assert ids[-1] == eos and [ids[end] for end in train[0].step_ends] == [ids[-2], ids[-2], eos]  # separators' ends
     bad = write_jsonl(tmp_path / "bad.jsonl", [*rows, {"q": "1+1+1=", "steps": ["1+1=2", "2+1=3"], "ok": [1]}])
     data.train_file = bad
     message = rf"^data.train_file='{bad}' line 3: data.step_labels_key='ok' holds 1 labels for the 2 steps"

@@ -80,12 +80,13 @@ class _FixedScoresStrategy:
 
 
 @pytest.mark.parametrize(("step_rewards_on", "aggregate", "score"), [(True, "min", LOW), (False, "last", HIGH)])
-def test_the_prm_worker_scores_steps_of_generated_ids_and_drops_the_closing_eos(
+def test_the_prm_worker_scores_steps_of_generated_ids_and_the_closing_eos_as_one(
     step_rewards_on: bool, aggregate: str, score: float
 ) -> None:
     tokenizer = load_tokenizer("tiny://qwen2")
     sep, eos = tokenizer("\n", add_special_tokens=False)["input_ids"][0], tokenizer.eos_token_id
-    # `7\n9\n<eos>` cut to four tokens (steps end at 1 and 3), and an empty response.
+    # `7\n9\n<eos>` cut to four tokens (steps end at 1 and 3), and a response of an EOS alone (a step: the PRM's
+    # data labels the EOS, which ends a whole answer or not).
     responses = torch.tensor([[11, sep, 13, sep], [eos, 0, 0, 0]])
     batch = DataProto.from_dict(
         tensors={
@@ -100,14 +101,17 @@ def test_the_prm_worker_scores_steps_of_generated_ids_and_drops_the_closing_eos(
         strategy=_FixedScoresStrategy(), tokenizer=tokenizer, worker_config=config, compute_seconds=0.0
     )
     out = ProcessRewardModelWorker.compute_rewards(worker, batch).batch
-    assert out["scores"].tolist() == pytest.approx([score, 0.0])
+    closing = torch.sigmoid(SCORES[0, 0]).item()
+    assert out["scores"].tolist() == pytest.approx([score, closing])
     assert out["reward_failed"].tolist() == [0.0, 0.0]
     if step_rewards_on:
         torch.testing.assert_close(out["turn_rewards"][0], step_rewards(SCORES[:1], MASK[:1], aggregate)[0])
-        assert out["turn_rewards"][1].eq(0).all() and out["turn_discounts"].eq(1).all()
+        assert (
+            out["turn_rewards"][1].tolist() == pytest.approx([closing, 0, 0, 0]) and out["turn_discounts"].eq(1).all()
+        )
     else:
         assert "turn_rewards" not in out
-    assert step_end_mask(torch.tensor([[11, sep, eos, 0]]), torch.tensor([3]), [sep], eos).tolist() == [[0, 1, 0, 0]]
+    assert step_end_mask(torch.tensor([[11, sep, eos, 0]]), torch.tensor([3]), [sep]).tolist() == [[0, 1, 1, 0]]
 
 
 def test_token_level_estimators_credit_each_step_and_outcome_estimators_read_the_aggregate() -> None:

@@ -35,17 +35,13 @@ def response_scores(output: Any, response_length: int) -> torch.Tensor:
     return output.logits[:, -response_length:, 0].float()
 
 
-def step_end_mask(
-    responses: torch.Tensor, lengths: torch.Tensor, separator: list[int], eos_id: int | None
-) -> torch.Tensor:
+def step_end_mask(responses: torch.Tensor, lengths: torch.Tensor, separator: list[int]) -> torch.Tensor:
     """1 at the last token of each step of each response `[B, R]` (`response_step_ends` over its first `lengths`
-    tokens, less a closing EOS), 0 elsewhere."""
+    tokens: a closing EOS after a separator is a step of its own, as the PRM's training data scores it), 0
+    elsewhere."""
     mask = torch.zeros(responses.shape, dtype=torch.long)
     for i, (row, length) in enumerate(zip(responses.tolist(), lengths.tolist(), strict=True)):
-        ids = row[:length]
-        if ids and ids[-1] == eos_id:
-            ids = ids[:-1]
-        mask[i, response_step_ends(ids, separator)] = 1
+        mask[i, response_step_ends(row[:length], separator)] = 1
     return mask
 
 
@@ -103,7 +99,7 @@ class ProcessRewardModelWorker(StrategyWorker):
         scores = self.strategy.forward_step(batch, forward)["step_scores"]
         separator = separator_ids(self.tokenizer, config.step_separator, f"{config.name}.step_separator")
         lengths = data["response_mask"].sum(-1)
-        mask = step_end_mask(data["responses"], lengths, separator, self.tokenizer.eos_token_id)
+        mask = step_end_mask(data["responses"], lengths, separator)
         rewards = step_rewards(scores, mask, config.step_aggregate)
         totals = rewards.sum(-1)  # the step_aggregate: the step rewards are its increments
         tensors = {"scores": totals, "reward_failed": torch.zeros_like(totals)}
