@@ -226,8 +226,8 @@ def _encode_steps(
     for step in row["steps"]:
         ids += tokenizer(step, add_special_tokens=False)["input_ids"] + separator
         ends.append(len(ids) - 1)
-    labels = list(row["labels"])
-    if eos_id is not None:
+    labels = [bool(label) for label in row["labels"]]
+    if eos_id is not None and any(row["steps"]):  # a response without text stays its separator: dropped as empty
         ids.append(eos_id)
         ends.append(len(ids) - 1)
         labels.append(row["complete"] and all(labels))
