@@ -28,6 +28,7 @@ from roll.distributed.strategy.strategy import Generation
 from roll.distributed.weight_sync.broadcast import (
     BroadcastGroup,
     SyncHeaders,
+    host_store,
     open_store,
     receive_weights,
     send_weights,
@@ -37,7 +38,7 @@ from roll.models.model_providers import load_model, load_tokenizer
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
 from roll.utils.functionals import length_mask
-from tests.unit.test_weight_sync import free_port, run_all
+from tests.unit.test_weight_sync import run_all
 
 GREEDY = GeneratingArguments(max_new_tokens=10, do_sample=False)
 # ServerArgs fields the adapter may pass (checked against SGLang's server_args.py).
@@ -432,9 +433,10 @@ def test_weights_arrive_over_the_broadcast_group_as_sglang_receives_them(
 ) -> None:
     """roll's group source against SGLang's own group construction and per-tensor receive order."""
     strategy = start(role_config(model_path))
-    port = free_port()
+    store = host_store(timeout_s=60)  # the source hosts the store first, as a training worker does
+    port = store.port
     group, _ = run_all(  # the group forms only when both members are joining
-        lambda: BroadcastGroup("127.0.0.1", port, 0, 2, "gloo", torch.device("cpu"), timeout_s=60),
+        lambda: BroadcastGroup("", port, 0, 2, "gloo", torch.device("cpu"), timeout_s=60, store=store),
         lambda: strategy.join_weight_broadcast("127.0.0.1", port, (1,), 2, "gloo"),
     )
     receiver_headers = SyncHeaders(open_store("127.0.0.1", port, is_master=False, timeout_s=60))
