@@ -12,6 +12,17 @@ steps (roll's last step, which also evaluates, is left out).
     python benchmarks/compare_trl.py [--model small|medium] [--steps 6] [--warmup 2]
         [--ablate "OVERRIDE ..."] [--no-trl] [--write-docs] [roll overrides ...]
 
+    python benchmarks/compare_trl.py --to-accuracy [--seeds 42 7 1] [--eval-every 10] [--pretrain DIR]
+        [--write-docs] [roll overrides ...]
+
+`--to-accuracy` compares time to a result instead: both start from the README's SFT export (`--pretrain`, else
+`examples/start_sft_pipeline.py` writes one) and train with the learning settings of roll's default RLVR job
+(examples/config/rlvr_arithmetic.yaml) on its built-in task, one run per seed each, evaluating greedy held-out
+accuracy every `--eval-every` steps. The target is TRL's final accuracy (the mean over its seeds of each run's
+last 3 evaluations); each side's time is when the mean of its seeds' curves, smoothed over 3 evaluations,
+reaches it: wall seconds from the command and seconds in training steps, evaluations left out of both. roll
+overrides may change only systems settings there.
+
 `--ablate algorithm.old_log_probs_pass=always` runs roll once more with that override, right after the
 first roll run, for the ablation table; one `--ablate` may hold several overrides, split like a shell
 command line (`--ablate "devices_per_node=1 cpus_per_device=2 ..."`), and the flag repeats for several
@@ -33,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -43,6 +54,16 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import doc_tables  # noqa: E402
+from benchmarks.accuracy_curves import (  # noqa: E402
+    Point,
+    final_accuracy,
+    first_reaching,
+    load_points,
+    mean_curve,
+    roll_points,
+    save_points,
+    standard_error,
+)
 
 REQUIREMENTS = REPO_ROOT / "requirements_bench.txt"
 DOC = REPO_ROOT / "docs" / "performance.md"
@@ -56,8 +77,10 @@ MODELS: dict[str, tuple[dict[str, int], int]] = {
     ),
 }
 # The blocks of docs/performance.md this script owns (benchmarks/doc_tables.py); each row names its command.
-TABLE, ABLATION = "compare_trl-table", "compare_trl-ablation"
-BLOCKS = (TABLE, ABLATION)
+TABLE, ABLATION, TO_ACCURACY = "compare_trl-table", "compare_trl-ablation", "compare_trl-to-accuracy"
+BLOCKS = (TABLE, ABLATION, TO_ACCURACY)
+DEFAULT_JOB = "rlvr_arithmetic"  # examples/config/: the README's main job, whose learning settings both sides share
+SMOOTHING = 3  # evaluations averaged for the target and the crossing
 
 
 # ---- the benchmark requirements ------------------------------------------------------------------------
@@ -307,6 +330,317 @@ def _run_logged(command: list[str], env: dict[str, str], log: Path) -> None:
         raise SystemExit(f"{' '.join(command[:2])} exited with {code}; the end of {log}:\n{tail}")
 
 
+# ---- time to accuracy ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedSettings:
+    """The learning settings of roll's default RLVR job, which TRL takes in `--to-accuracy`."""
+
+    prompts: int
+    samples: int
+    new_tokens: int
+    learning_rate: float
+    kl_coef: float
+    clip_low: float
+    clip_high: float
+    rows_per_update: int
+    max_steps: int
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per RL step (each RL step's samples are split into updates of `rows_per_update`)."""
+        return self.prompts * self.samples // self.rows_per_update
+
+
+def default_job(pretrain: Path, overrides: list[str]) -> Any:
+    """roll's default RLVR job (examples/config/rlvr_arithmetic.yaml) from `pretrain` with `overrides`, validated."""
+    from hydra import compose, initialize_config_dir
+
+    from roll.configs.hydra_defaults import register_schema_defaults
+    from roll.configs.loader import load_pipeline_config, yaml_names
+    from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+
+    config_dir = REPO_ROOT / "examples" / "config"
+    register_schema_defaults("rlvr", RLVRConfig)
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(DEFAULT_JOB, overrides=[f"pretrain={pretrain}", *overrides])
+    return load_pipeline_config(cfg, RLVRConfig, yaml_names([config_dir]))
+
+
+def shared_settings(config: Any) -> SharedSettings:
+    """What TRL is given of roll's job `config`; stops if the job uses a setting TRL is not configured for here."""
+    algorithm, generating = config.algorithm, config.actor_infer.generating_args
+    training = config.actor_train.training_args
+    expected = {
+        "algorithm.adv_estimator": (algorithm.adv_estimator, "grpo"),
+        "algorithm.ppo_epochs": (algorithm.ppo_epochs, 1),
+        "algorithm.use_kl_loss": (algorithm.use_kl_loss, True),
+        "algorithm.kl_loss_kind": (algorithm.kl_loss_kind, "k3"),
+        "algorithm.kl_penalty_coef": (algorithm.kl_penalty_coef, 0),
+        "algorithm.loss_agg_mode": (algorithm.loss_agg_mode, "token-mean"),
+        "actor_train.training_args.lr_scheduler_type": (training.lr_scheduler_type, "constant"),
+        "actor_train.training_args.warmup_steps": (training.warmup_steps, 0),
+        "actor_infer.generating_args.temperature": (generating.temperature, 1.0),
+        "actor_infer.generating_args.top_p": (generating.top_p, 1.0),
+    }
+    for name, (value, wanted) in expected.items():
+        if value != wanted:
+            raise SystemExit(f"--to-accuracy configures TRL for {name}={wanted!r}; the job has {value!r}")
+    return SharedSettings(
+        prompts=config.rollout_batch_size,
+        samples=generating.num_return_sequences,
+        new_tokens=generating.max_new_tokens,
+        learning_rate=training.learning_rate,
+        kl_coef=algorithm.kl_loss_coef,
+        clip_low=algorithm.clip_low,
+        clip_high=algorithm.clip_high,
+        rows_per_update=training.per_device_train_batch_size
+        * training.gradient_accumulation_steps
+        * len(config.actor_train.devices),
+        max_steps=config.max_steps,
+    )
+
+
+def write_task(task_seed: int, root: Path) -> tuple[Path, Path]:
+    """The default job's built-in task (`a op b=`, roll.datasets.arithmetic) as train and held-out JSONL files."""
+    from roll.datasets.arithmetic import arithmetic_problems
+
+    paths = []
+    for name, problems in zip(("train", "held_out"), arithmetic_problems(seed=task_seed), strict=True):
+        path = root / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def trl_accuracy_points(
+    model_dir: str,
+    train_file: str,
+    eval_file: str,
+    settings: dict[str, Any],
+    seed: int,
+    eval_every: int,
+    threads: int,
+    output_dir: str,
+) -> list[Point]:
+    """Train with TRL's GRPOTrainer on roll's shared settings in this process, evaluating greedy held-out accuracy
+    (math-verify, as roll's reward worker scores) every `eval_every` RL steps; the evaluations."""
+    import psutil
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from roll.rewards.functions import math_reward
+
+    torch.set_num_threads(threads)
+    shared = SharedSettings(**settings)
+    held_out = [json.loads(line) for line in Path(eval_file).read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    command_started = psutil.Process().create_time()
+
+    def accuracy(model: Any) -> float:
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for start in range(0, len(held_out), 64):
+                rows = held_out[start : start + 64]
+                inputs = tokenizer(
+                    [r["prompt"] for r in rows],
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="left",
+                    add_special_tokens=False,
+                )
+                out = model.generate(
+                    **inputs, max_new_tokens=shared.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+                texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+                correct += sum(math_reward(r["prompt"], t, r["answer"]) >= 1 for r, t in zip(rows, texts, strict=True))
+        model.train()
+        return correct / len(held_out)
+
+    class Evaluator(TrainerCallback):
+        def __init__(self) -> None:
+            self.points: list[Point] = []
+            self.eval_s = 0.0
+            self.train_started = 0.0
+
+        def evaluate(self, model: Any, step: int) -> None:
+            began = time.time()
+            wall_s, train_s = began - command_started - self.eval_s, began - self.train_started - self.eval_s
+            self.points.append(Point(step, accuracy(model), wall_s, train_s))
+            self.eval_s += time.time() - began
+
+        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+            self.train_started = time.time()
+            self.evaluate(kwargs["model"], 0)
+
+        def on_step_end(self, args: Any, state: Any, *rest: Any, **kwargs: Any) -> None:
+            if state.global_step % (eval_every * shared.updates_per_step) == 0:
+                self.evaluate(kwargs["model"], state.global_step // shared.updates_per_step)
+
+    evaluator = Evaluator()
+    config = GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=False,
+        model_init_kwargs={"dtype": torch.float32},
+        per_device_train_batch_size=shared.rows_per_update,
+        gradient_accumulation_steps=1,
+        steps_per_generation=shared.updates_per_step,
+        num_generations=shared.samples,
+        max_completion_length=shared.new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        beta=shared.kl_coef,
+        epsilon=shared.clip_low,
+        epsilon_high=shared.clip_high,
+        learning_rate=shared.learning_rate,
+        lr_scheduler_type="constant",
+        max_steps=shared.max_steps * shared.updates_per_step,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=seed,
+    )
+    records = [json.loads(line) for line in Path(train_file).read_text().splitlines()]
+
+    def math_verify_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        return [math_reward(p, c, a) for p, c, a in zip(prompts, completions, answer, strict=True)]
+
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=math_verify_reward,
+        args=config,
+        train_dataset=Dataset.from_list(records),
+        processing_class=tokenizer,
+        callbacks=[evaluator],
+    )
+    trainer.train()
+    return evaluator.points
+
+
+def sft_export(workdir: Path) -> Path:
+    """The README's first command, `examples/start_sft_pipeline.py`, into `workdir`; the exported model."""
+    output = workdir / "sft-run"
+    command = [sys.executable, str(REPO_ROOT / "examples" / "start_sft_pipeline.py"), f"output_dir={output}"]
+    _run_logged(command, dict(os.environ), workdir / "sft.log")
+    return output / "sft" / "model"
+
+
+def trl_curve(
+    pretrain: Path,
+    task: tuple[Path, Path],
+    settings: SharedSettings,
+    seed: int,
+    args: argparse.Namespace,
+    workdir: Path,
+) -> list[Point]:
+    """One TRL run of `--to-accuracy` in a child process with `--trl-threads` threads."""
+    threads = str(args.trl_threads)
+    env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1"}
+    job = {
+        "model_dir": str(pretrain),
+        "train_file": str(task[0]),
+        "eval_file": str(task[1]),
+        "settings": asdict(settings),
+        "seed": seed,
+        "eval_every": args.eval_every,
+        "threads": args.trl_threads,
+        "output_dir": str(workdir / f"trl-{seed}"),
+    }
+    result = workdir / f"trl-{seed}.json"
+    command = [sys.executable, __file__, "--trl-accuracy-job", json.dumps(job), str(result)]
+    _run_logged(command, env, workdir / f"trl-{seed}.log")
+    return _reported(f"TRL seed {seed}", load_points(result))
+
+
+def roll_curve(pretrain: Path, seed: int, args: argparse.Namespace, extra: list[str], workdir: Path) -> list[Point]:
+    """One roll run of `--to-accuracy`: examples/start_rlvr_pipeline.py, the default job with `extra` overrides."""
+    output = workdir / f"roll-{seed}"
+    overrides = [f"pretrain={pretrain}", f"seed={seed}", f"eval_steps={args.eval_every}", *extra]
+    command = [sys.executable, str(REPO_ROOT / "examples" / "start_rlvr_pipeline.py"), *overrides]
+    _run_logged([*command, f"output_dir={output}"], dict(os.environ), workdir / f"roll-{seed}.log")
+    [metrics] = output.glob("*/logs/metrics.jsonl")
+    return _reported(f"roll seed {seed}", roll_points([json.loads(line) for line in metrics.read_text().splitlines()]))
+
+
+def _reported(label: str, points: list[Point]) -> list[Point]:
+    last = points[-1]
+    print(
+        f"{label}: {points[0].accuracy:.3f} -> {last.accuracy:.3f} held-out in {last.step} steps, "
+        f"{last.train_s:.0f} s training, {last.wall_s:.0f} s wall without evaluations",
+        flush=True,
+    )
+    return points
+
+
+def to_accuracy_report(
+    trl: list[list[Point]], roll: list[list[Point]], seeds: list[int], held_out: int, settings: SharedSettings
+) -> str:
+    """The `--to-accuracy` result as markdown: the target, each side's time to it, their ratio, and the curves."""
+    target = statistics.fmean(final_accuracy(curve, SMOOTHING) for curve in trl)
+    spread = statistics.stdev(final_accuracy(c, SMOOTHING) for c in trl) if len(trl) > 1 else float("nan")
+    lines = [
+        f"Target: {target:.3f}, TRL's final held-out accuracy (the mean over seeds {', '.join(map(str, seeds))} of "
+        f"each run's last {SMOOTHING} evaluations; their standard deviation {spread:.3f}). One evaluation is greedy "
+        f"on the {held_out} held-out problems: standard error {standard_error(target, held_out):.3f} at the target. "
+        f"Both: {settings.max_steps} steps of {settings.prompts} prompts x {settings.samples} samples, "
+        f"{settings.updates_per_step} optimizer step(s) of {settings.rows_per_update} rows each, learning rate "
+        f"{settings.learning_rate:g} (constant), KL loss {settings.kl_coef:g} (k3), clip {settings.clip_low:g} / "
+        f"{settings.clip_high:g}, {settings.new_tokens} new tokens.",
+        "",
+        "| side | final accuracy per seed | training s/step | reaches the target at step | wall s to it (from the "
+        "command) | training s to it |",
+        "|---|---|---|---|---|---|",
+    ]
+    reached = {}
+    for name, curves in (("TRL", trl), ("roll", roll)):
+        finals = ", ".join(f"{final_accuracy(c, SMOOTHING):.3f}" for c in curves)
+        per_step = statistics.fmean(c[-1].train_s / c[-1].step for c in curves)
+        point = reached[name] = first_reaching(curves, target, SMOOTHING)
+        where = f"{point.step} | {point.wall_s:.0f} | {point.train_s:.0f}" if point else "not reached | - | -"
+        lines.append(f"| {name} | {finals} | {per_step:.2f} | {where} |")
+    if reached["TRL"] and reached["roll"] and reached["roll"].train_s > 0:
+        lines += [
+            "",
+            f"TRL / roll: {reached['TRL'].wall_s / reached['roll'].wall_s:.2f} in wall time from the command, "
+            f"{reached['TRL'].train_s / reached['roll'].train_s:.2f} in training time.",
+        ]
+    lines += ["", "| step | TRL: mean (seeds) | roll: mean (seeds) |", "|---|---|---|"]
+    means = {name: {p.step: p for p in mean_curve(curves)} for name, curves in (("TRL", trl), ("roll", roll))}
+    for step in sorted(means["TRL"].keys() & means["roll"].keys()):
+        cells = []
+        for name, curves in (("TRL", trl), ("roll", roll)):
+            seeds_at = ", ".join(f"{p.accuracy:.2f}" for c in curves for p in c if p.step == step)
+            cells.append(f"{means[name][step].accuracy:.3f} ({seeds_at})")
+        lines.append(f"| {step} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def to_accuracy(args: argparse.Namespace, extra: list[str]) -> None:
+    """`--to-accuracy`: per seed a TRL run and a roll run from the same SFT export; print (and write) the report."""
+    command = doc_tables.command_line(__file__, sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="compare_trl-accuracy-") as tmp:
+        workdir = Path(tmp)
+        pretrain = Path(args.pretrain).resolve() if args.pretrain else sft_export(workdir)
+        config = default_job(pretrain, extra)  # a bad override stops here, before any run
+        settings = shared_settings(config)
+        task = write_task(config.data.task_seed, workdir)
+        held_out = len(task[1].read_text().splitlines())
+        trl, roll = [], []
+        for seed in args.seeds:
+            trl.append(trl_curve(pretrain, task, settings, seed, args, workdir))
+            roll.append(roll_curve(pretrain, seed, args, extra, workdir))
+    report = to_accuracy_report(trl, roll, args.seeds, held_out, settings)
+    print(f"\n{machine()}\n\n{report}")
+    if args.write_docs:
+        doc_tables.write_block(DOC, TO_ACCURACY, command, report, ("torch", "deepspeed", "transformers", "trl"))
+
+
 # ---- reports -------------------------------------------------------------------------------------------
 
 
@@ -397,7 +731,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-trl", action="store_true", help="run only roll and its ablations")
     parser.add_argument("--write-docs", action="store_true", help="rewrite this model's rows of docs/performance.md")
+    parser.add_argument("--to-accuracy", action="store_true", help="time to TRL's final accuracy, several seeds")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 1], help="--to-accuracy: one run each")
+    parser.add_argument("--eval-every", type=int, default=10, help="--to-accuracy: RL steps between evaluations")
+    parser.add_argument("--pretrain", help="--to-accuracy: the SFT export both start from (default: train one)")
     parser.add_argument("--trl-job", nargs=2, help=argparse.SUPPRESS)  # the TRL child: job JSON, result file
+    parser.add_argument("--trl-accuracy-job", nargs=2, help=argparse.SUPPRESS)
     return parser
 
 
@@ -408,8 +747,15 @@ def main() -> None:
         job, result = json.loads(args.trl_job[0]), Path(args.trl_job[1])
         result.write_text(json.dumps(trl_step_seconds(**job)))
         return
+    if args.trl_accuracy_job:
+        job, result = json.loads(args.trl_accuracy_job[0]), Path(args.trl_accuracy_job[1])
+        save_points(trl_accuracy_points(**job), result)
+        return
     if not args.no_trl:
         ensure_requirements()
+    if args.to_accuracy:
+        to_accuracy(args, extra)
+        return
     command = doc_tables.command_line(__file__, sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="compare_trl-") as tmp:
         workdir = Path(tmp)

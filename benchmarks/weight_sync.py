@@ -5,7 +5,9 @@
 actor_train (deepspeed_train at ZeRO `--stage`, 2 ranks on device slots 0-1) syncs a locally built
 Qwen2 model (fp32) into four inference roles, one worker each: hf_infer and vllm on slot 0 (the
 colocated route: flat buckets through Ray's shared-memory object store) and hf_infer and vllm on
-slot 2 (the broadcast route: gloo from training rank 0). `source only` is the training side alone
+slot 2 (the broadcast route: gloo from training rank 0). Below ZeRO-3, a second actor_train shares its two
+processes with an hf_infer role on the same slots (`share_worker_processes`, as the default RLVR job runs): each
+training rank loads its process's hf_infer worker directly, both ranks at once. `source only` is the training side alone
 (every rank runs `iter_hf_weights`, gathering at ZeRO-3, and nothing is sent): the floor under
 every route, printed at stage 3 only (below it the export is free). memcpy is one thread copying
 a buffer of the model's size, the fastest a single worker could move the bytes. The fastest of
@@ -39,6 +41,7 @@ TARGETS = {  # role name -> (strategy, device slot)
     "vllm_broadcast": ("vllm", "2"),
 }
 SOURCE_ONLY = "source only (export, gathers)"
+SHARED = "hf_infer, shared process (one worker per training rank)"
 DOC = REPO_ROOT / "docs" / "weight_sync.md"
 PACKAGES = ("torch", "deepspeed", "vllm", "ray")
 STAGES = (0, 2, 3)
@@ -108,7 +111,7 @@ def main() -> None:
 
     import ray
 
-    from roll.distributed.executor.cluster import Cluster
+    from roll.distributed.executor.cluster import Cluster, start_hosts
     from roll.distributed.executor.weight_syncer import WeightSyncer
     from roll.distributed.scheduler.initialize import init_ray
     from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -120,7 +123,15 @@ def main() -> None:
     manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
     train = Cluster(WORKER, role("actor_train", "deepspeed_train", "0-1", model_dir, zero_block(args.stage)), manager)
     infer = {name: Cluster(WORKER, role(name, s, d, model_dir, None), manager) for name, (s, d) in TARGETS.items()}
-    for future in [c.initialize(blocking=False) for c in [train, *infer.values()]]:
+    shared = []
+    if args.stage < 3:  # roll keeps ZeRO-3 roles in processes of their own (worker_host.py)
+        shared_train = role("actor_train_shared", "deepspeed_train", "0-1", model_dir, zero_block(args.stage))
+        hosts = start_hosts(shared_train, manager, "shared")
+        shared = [
+            Cluster(WORKER, config, manager, hosts)
+            for config in (shared_train, role("hf_infer_shared", "hf_infer", "0-1", model_dir, None))
+        ]
+    for future in [c.initialize(blocking=False) for c in [train, *infer.values(), *shared]]:
         future.get()
     bucket_bytes = args.bucket_mb * 2**20
     n = train.world_size
@@ -141,10 +152,15 @@ def main() -> None:
         metrics = syncer.sync()
         nbytes = int(metrics["sync/colocated_bytes"] + metrics["sync/broadcast_bytes"])
         seconds[route_label(name)] = best_of(syncer.sync)
+    if shared:
+        plan = plan_weight_sync(devices_per_worker([0, 1], 1), devices_per_worker([0, 1], 1))
+        seconds[SHARED] = best_of(WeightSyncer(shared[0], shared[1], plan, bucket_bytes).sync)
     memcpy = memcpy_gb_per_s(nbytes, args.repeats)
     gigabytes = nbytes / 1e9
-    for cluster in [train, *infer.values()]:
+    for cluster in [train, *infer.values(), *shared]:
         cluster.shutdown()
+    for host in hosts if shared else []:
+        ray.kill(host)
     manager.destroy()
     ray.shutdown()
     lines = [

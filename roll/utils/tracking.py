@@ -7,9 +7,11 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TextIO, TypeVar
+
+import psutil
 
 from roll.utils.trackers import open_trackers
 
@@ -177,3 +179,13 @@ def show_progress(
 
         return tqdm(iterable, desc=desc, file=stream, dynamic_ncols=True)
     return LogLines(iterable, desc, stream, interval_s)
+
+
+def timed_evaluation(evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """`evaluate()`'s metrics plus `time/eval_s` (its seconds) and `time/elapsed_s` (wall seconds since this process
+    started, the user's command, evaluations included): what time-to-accuracy comparisons read."""
+    started = time.perf_counter()
+    metrics = dict(evaluate())
+    metrics["time/eval_s"] = time.perf_counter() - started
+    metrics["time/elapsed_s"] = time.time() - psutil.Process().create_time()
+    return metrics

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import ray
 import torch
 
 from roll.configs.worker_config import (
@@ -21,7 +22,7 @@ from roll.configs.worker_config import (
     TrainingArguments,
     WorkerConfig,
 )
-from roll.distributed.executor.cluster import Cluster
+from roll.distributed.executor.cluster import Cluster, start_hosts
 from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
@@ -160,6 +161,39 @@ def test_every_engine_computes_what_the_trainer_computes_after_a_sync(
             torch.testing.assert_close(log_probs(roles[name], expected), trainer_log_probs, rtol=0, atol=1e-5)
         generated = roles["vllm"].generate(prompts, GREEDY)
         assert torch.equal(generated.batch["responses"], expected.batch["responses"])
+
+
+@pytest.mark.slow
+def test_roles_sharing_a_process_per_device_sync_in_memory(
+    ray_session: None, model_path: str, prompts: DataProto
+) -> None:
+    """A trainer and an hf_infer role in the same WorkerHosts (share_worker_processes): one process per rank, and
+    the sync hands each bucket over in the process, exactly."""
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
+    configs = {
+        "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(2)),
+        "hf_infer": role("hf_infer", "hf_infer", "0-1", model_path),
+    }
+    hosts = start_hosts(configs["actor_train"], manager, "shared")
+    clusters = {name: Cluster(config.worker_cls, config, manager, hosts) for name, config in configs.items()}
+    try:
+        for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
+            future.get()
+        pids = {name: [d["pid"] for d in cluster.describe()] for name, cluster in clusters.items()}
+        assert pids["actor_train"] == pids["hf_infer"] and len(set(pids["actor_train"])) == 2
+        route = syncer(clusters, "hf_infer")
+        train_step(clusters, prompts)
+        expected = clusters["actor_train"].generate(prompts, GREEDY)
+        trainer_log_probs = log_probs(clusters["actor_train"], expected)
+        assert (log_probs(clusters["hf_infer"], expected) - trainer_log_probs).abs().max() > 1e-3
+        assert route.sync()["sync/colocated_bytes"] > 0
+        torch.testing.assert_close(log_probs(clusters["hf_infer"], expected), trainer_log_probs, rtol=0, atol=1e-5)
+    finally:
+        for cluster in clusters.values():
+            cluster.shutdown()
+        for host in hosts:
+            ray.kill(host)
+        manager.destroy()
 
 
 def test_forced_broadcast_reaches_colocated_workers_too(roles: dict[str, Cluster], prompts: DataProto) -> None:

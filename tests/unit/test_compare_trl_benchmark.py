@@ -100,3 +100,21 @@ def test_the_one_rank_two_thread_layout_trains_on_the_same_samples_per_optimizer
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * config.actor_train.world_size == 128
     assert config.actor_train.devices == config.actor_infer.devices == config.reference.devices == [0]
     assert config.cpus_per_device == 2 and config.devices_per_node == 1
+
+
+def test_to_accuracy_gives_trl_the_default_jobs_learning_settings(tmp_path: Path) -> None:
+    from roll.models.tiny import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "model")
+    settings = compare_trl.shared_settings(compare_trl.default_job(model_dir, []))
+    assert settings.prompts * settings.samples == 256 and settings.rows_per_update == 128
+    assert settings.updates_per_step == 2 and settings.max_steps == 200 and settings.new_tokens == 6
+    assert (settings.learning_rate, settings.kl_coef, settings.clip_low, settings.clip_high) == (5e-5, 1e-3, 0.2, 0.28)
+    # A systems override changes nothing TRL is given; a learning one TRL is not configured for stops the benchmark.
+    assert compare_trl.shared_settings(compare_trl.default_job(model_dir, ["actor_infer.infer_batch_size=64"])) == (
+        settings
+    )
+    with pytest.raises(SystemExit, match=r"algorithm\.adv_estimator='grpo'"):
+        compare_trl.shared_settings(compare_trl.default_job(model_dir, ["algorithm.adv_estimator=reinforce_plus_plus"]))
+    train, held_out = compare_trl.write_task(0, tmp_path)
+    assert len(held_out.read_text().splitlines()) == 160 and len(train.read_text().splitlines()) == 640

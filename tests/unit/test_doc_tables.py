@@ -14,7 +14,9 @@ from roll.platforms import get_platform
 from roll.platforms.cpu import cpu_model_name
 
 BENCHMARKS = sorted(
-    p.stem for p in (doc_tables.REPO_ROOT / "benchmarks").glob("*.py") if p.stem not in ("__init__", "doc_tables")
+    p.stem
+    for p in (doc_tables.REPO_ROOT / "benchmarks").glob("*.py")
+    if p.stem not in ("__init__", "doc_tables", "accuracy_curves")  # helpers, not benchmarks
 )
 
 

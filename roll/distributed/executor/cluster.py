@@ -14,9 +14,10 @@ import ray
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.worker import Worker
+from roll.distributed.executor.worker_host import HostedWorker, WorkerHost, actor_of
 from roll.distributed.scheduler.decorator import DISPATCH_ATTR, Dispatch, collect_results, dispatch_args
 from roll.distributed.scheduler.rank_layout import RankInfo
-from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.scheduler.resource_manager import ResourceManager, WorkerPlacement
 from roll.utils.imports import import_object
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,40 @@ def resolve_worker_cls(worker_cls: type[Worker] | str) -> type[Worker]:
     return cls
 
 
+def rank_envs(
+    config: WorkerConfig, resource_manager: ResourceManager, placements: list[WorkerPlacement]
+) -> list[dict[str, str]]:
+    """Each rank's environment: the role's `env_vars`, its placement's variables, rank, world size and threads."""
+    if config.devices:
+        threads = resource_manager.threads_per_worker(config.num_devices_per_worker)
+    else:
+        threads = max(1, int(config.num_cpus_per_worker))
+    return [
+        {
+            **config.env_vars,
+            **placement.env,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(len(placements)),
+            "ROLL_NUM_THREADS": str(threads),
+            "OMP_NUM_THREADS": str(threads),
+        }
+        for rank, placement in enumerate(placements)
+    ]
+
+
+def start_hosts(config: WorkerConfig, resource_manager: ResourceManager, label: str) -> list[ray.actor.ActorHandle]:
+    """A WorkerHost per rank of `config`'s layout (roles with the same devices go in them), named after `label`."""
+    placements = resource_manager.place(config)
+    return [
+        ray.remote(WorkerHost)
+        .options(name=f"{label}-{rank}-{id(placements):x}", runtime_env={"env_vars": env}, **placement.ray_options)
+        .remote()
+        for rank, (env, placement) in enumerate(
+            zip(rank_envs(config, resource_manager, placements), placements, strict=True)
+        )
+    ]
+
+
 class Cluster:
     """`worker_config.world_size` actors of `worker_cls`, one per rank, placed by `resource_manager`.
 
@@ -134,46 +169,36 @@ class Cluster:
         worker_cls: type[Worker] | str,
         worker_config: WorkerConfig,
         resource_manager: ResourceManager,
+        hosts: list[ray.actor.ActorHandle] | None = None,
     ) -> None:
         self.name = worker_config.name
         self.worker_cls = resolve_worker_cls(worker_cls)
         self.worker_config = worker_config
         self.world_size = worker_config.world_size or 1
-        self.workers: list[ray.actor.ActorHandle] = []
+        self.workers: list[ray.actor.ActorHandle | HostedWorker] = []
         self._rank_infos: list[RankInfo] | None = None
         self._bind_registered_methods()  # a naming error must come before any actor starts
-        self._start_workers(resource_manager)
+        self._start_workers(resource_manager, hosts)
 
-    def _start_workers(self, resource_manager: ResourceManager) -> None:
-        config = self.worker_config
-        remote_cls = ray.remote(self.worker_cls)
-        placements = resource_manager.place(config)
-        if config.devices:
-            threads = resource_manager.threads_per_worker(config.num_devices_per_worker)
-        else:
-            threads = max(1, int(config.num_cpus_per_worker))
-        master_addr, master_port = "", 0
-        for rank, placement in enumerate(placements):
-            env = {
-                **config.env_vars,
-                **placement.env,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(self.world_size),
-                "ROLL_NUM_THREADS": str(threads),
-                "OMP_NUM_THREADS": str(threads),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-            }
-            actor = remote_cls.options(
+    def _start_workers(self, resource_manager: ResourceManager, hosts: list[ray.actor.ActorHandle] | None) -> None:
+        """Start every rank without waiting for any: in actors of their own, or in `hosts` (one per rank)."""
+        placements = resource_manager.place(self.worker_config)
+        for rank, env in enumerate(rank_envs(self.worker_config, resource_manager, placements)):
+            if hosts:
+                hosts[rank].add.remote(self.name, self.worker_cls, self.worker_config, env)
+                self.workers.append(HostedWorker(hosts[rank], self.name))
+                continue
+            actor = ray.remote(self.worker_cls).options(
                 name=f"{self.name}-{rank}-{id(self):x}",
                 runtime_env={"env_vars": env},
-                **placement.ray_options,
-            ).remote(config)
-            self.workers.append(actor)
-            if rank == 0:
-                # Rank 0 hosts the rendezvous: its node's address (not the driver's) and a free port there
-                # become every rank's master.
-                master_addr, master_port = self.open_rendezvous()
+                **placements[rank].ray_options,
+            )
+            self.workers.append(actor.remote(self.worker_config))
+        # Rank 0 hosts the rendezvous: its node's address (not the driver's) and a port it holds from then on become
+        # every rank's master. Ray runs each rank's join after its start and before any later call.
+        master = self.workers[0].open_rendezvous.remote()
+        for worker in self.workers[1:]:
+            worker.join_rendezvous.remote(master)
 
     def _bind_registered_methods(self) -> None:
         for name, member in inspect.getmembers(self.worker_cls, inspect.isfunction):
@@ -204,7 +229,7 @@ class Cluster:
         calls = dispatch_args(mode, ranks, args, kwargs)
         refs = [getattr(self.workers[rank], method).remote(*a, **kw) for rank, a, kw in calls]
         called = [rank for rank, _, _ in calls]
-        callees = [(f"{self.name} rank {rank}", self.workers[rank]) for rank in called]
+        callees = [(f"{self.name} rank {rank}", actor_of(self.workers[rank])) for rank in called]
         future = ClusterFuture(refs, functools.partial(collect_results, mode, ranks, called), callees)
         return future.get() if blocking else future
 
@@ -216,5 +241,6 @@ class Cluster:
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:  # killed below all the same
             logger.warning("%s: closing its workers failed (%s); killing them", self.name, exc)
         for worker in self.workers:
-            ray.kill(worker, no_restart=True)
+            if not isinstance(worker, HostedWorker):  # a host holds other roles too: its owner stops it
+                ray.kill(worker, no_restart=True)
         self.workers.clear()

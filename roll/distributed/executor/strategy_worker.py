@@ -24,7 +24,7 @@ from roll.distributed.weight_sync.broadcast import (
     receive_weights,
     send_weights,
 )
-from roll.distributed.weight_sync.buckets import iter_buckets
+from roll.distributed.weight_sync.buckets import NamedTensors, iter_buckets, tensor_bytes
 from roll.distributed.weight_sync.colocated import SharedBucket, hand_over, open_bucket
 from roll.distributed.weight_sync.plan import BROADCAST_SOURCE
 from roll.models.model_providers import ModelKind, load_model, load_tokenizer
@@ -156,8 +156,12 @@ class StrategyWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def receive_colocated_bucket(self, shared: SharedBucket) -> int:
         """Load a bucket a training rank on this worker's device handed over; return its bytes."""
-        self.strategy.load_weights(open_bucket(shared))
-        return shared.nbytes
+        return self.load_bucket(open_bucket(shared))
+
+    def load_bucket(self, bucket: NamedTensors) -> int:
+        """Load a bucket of full weights (a training rank in this process calls it directly); return its bytes."""
+        self.strategy.load_weights(bucket)
+        return sum(tensor_bytes(tensor) for _, tensor in bucket)
 
     @register(Dispatch.ONE_TO_ALL)
     def receive_weight_broadcast(self) -> int:

@@ -40,6 +40,8 @@ class Worker:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
+        # Read now: roles sharing a process (worker_host.py) each have their own rendezvous in the same environment.
+        self.master = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0))
         self.platform = current_platform()
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
         self.compute_seconds = 0.0  # time spent inside @register-ed methods
@@ -66,19 +68,26 @@ class Worker:
             "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
         )
         address, port = ray.util.get_node_ip_address(), self._rendezvous.port
+        self.master = address, port
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
         return address, port
 
+    def join_rendezvous(self, master: tuple[str, int]) -> None:
+        """Take the rendezvous rank 0 opened (`open_rendezvous`) as this worker's MASTER_ADDR and MASTER_PORT."""
+        self.master = master
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master[0], str(master[1])
+
     def rendezvous_store(self) -> torch.distributed.Store:
         """The store torch's default process group forms over: the one `open_rendezvous` holds, else (a worker
-        started outside a Cluster) one hosted by rank 0 at MASTER_ADDR:MASTER_PORT, as `env://` would."""
+        started outside a Cluster) one hosted by rank 0 at the MASTER_ADDR:MASTER_PORT it started with, as `env://`
+        would."""
         import torch.distributed as dist
 
         store = getattr(self, "_rendezvous", None)
         if store is None:
             store = self._rendezvous = dist.TCPStore(
-                os.environ["MASTER_ADDR"],
-                int(os.environ["MASTER_PORT"]),
+                self.master[0],
+                self.master[1],
                 is_master=self.rank == 0,
                 wait_for_workers=False,
                 timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),

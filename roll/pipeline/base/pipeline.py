@@ -8,8 +8,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
+import ray
+
 from roll.configs.schema import ConfigError
-from roll.distributed.executor.cluster import Cluster
+from roll.configs.worker_config import WorkerConfig
+from roll.distributed.executor.cluster import Cluster, start_hosts
+from roll.distributed.executor.worker_host import process_groups
 from roll.distributed.scheduler.initialize import init_ray
 from roll.distributed.scheduler.placement import plan_placement
 from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -47,21 +51,34 @@ class BasePipeline(ABC):
             roles=config.roles(),
         )
         self.clusters: dict[str, Cluster] = {}
+        self.hosts: list[ray.actor.ActorHandle] = []  # processes shared by roles (host_shared_roles)
 
-    def start_cluster(self, role_name: str) -> Cluster:
-        """Start the workers of role `role_name` as configured and remember the cluster."""
+    def start_cluster(self, role_name: str, hosts: list[ray.actor.ActorHandle] | None = None) -> Cluster:
+        """Start the workers of role `role_name` as configured (in `hosts`, one per rank, if given); remember it."""
         role = self.config.roles()[role_name]
-        cluster = Cluster(role.worker_cls, role, self.resource_manager)
+        cluster = Cluster(role.worker_cls, role, self.resource_manager, hosts)
         self.clusters[role_name] = cluster
         return cluster
 
     def start_roles(self, role_names: Iterable[str]) -> None:
-        """Start the roles `role_names`, build their models concurrently, then track their states in `residency`."""
-        for name in role_names:
-            self.start_cluster(name)
+        """Start the roles `role_names` (those sharing devices in shared processes, `share_worker_processes`), build
+        their models concurrently, then track their states in `residency`."""
+        roles = {name: self.config.roles()[name] for name in role_names}
+        hosts = self.host_shared_roles(roles) if self.config.share_worker_processes else {}
+        for name in roles:
+            self.start_cluster(name, hosts.get(name))
         for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
             future.get()
         self.residency = Residency.of_roles(self.clusters, self.config.roles())
+
+    def host_shared_roles(self, roles: dict[str, WorkerConfig]) -> dict[str, list[ray.actor.ActorHandle]]:
+        """A WorkerHost per rank for each group of `roles` that can share processes; each grouped role's hosts."""
+        hosts_of = {}
+        for group in process_groups(roles):
+            hosts = start_hosts(roles[group[0]], self.resource_manager, "+".join(group))
+            self.hosts.extend(hosts)
+            hosts_of.update(dict.fromkeys(group, hosts))
+        return hosts_of
 
     @classmethod
     def finished_result(cls, config: PipelineConfig) -> Any:
@@ -77,4 +94,7 @@ class BasePipeline(ABC):
         for cluster in self.clusters.values():
             cluster.shutdown(close_timeout_s)
         self.clusters.clear()
+        for host in self.hosts:
+            ray.kill(host, no_restart=True)
+        self.hosts.clear()
         self.resource_manager.destroy()

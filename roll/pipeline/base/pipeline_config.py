@@ -84,6 +84,10 @@ class PipelineConfig:
     placement_timeout_s: float = field(
         default=120.0, metadata=check(gt=0, hint="seconds Ray may take to reserve the run's devices and CPUs")
     )
+    # Roles on the same devices (same device_mapping, in-process strategies: hf_infer, DeepSpeed below ZeRO-3) run in
+    # one process per device instead of one per role and rank: fewer imports at start-up, weight syncs in memory.
+    # roll/distributed/executor/worker_host.py says which roles qualify.
+    share_worker_processes: bool = True
     # Validate, print the plan (placement, batches, memory per rank) and exit without starting any actor.
     dry_run: bool = False
     # On CPU, refuse before Ray starts a run whose estimated node memory (the dry run's "memory per node")

@@ -17,7 +17,7 @@ from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.base.training_config import TrainingRunConfig
-from roll.utils.tracking import show_progress
+from roll.utils.tracking import show_progress, timed_evaluation
 
 
 class BatchSampler(Protocol):
@@ -107,14 +107,14 @@ class TrainingRunPipeline(BasePipeline):
             start_step, history = state["step"], state["val_history"]
         tracker = open_run_tracker(config, start_step)
         if not start_step:
-            history.append(self.evaluate())
+            history.append(timed_evaluation(self.evaluate))
             tracker.log(history[-1], 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc=self.progress_label)
         for step in progress:
             started = time.perf_counter()
             metrics = self.step()
             if step % config.eval_steps == 0 or step == config.max_steps:
-                history.append(self.evaluate())
+                history.append(timed_evaluation(self.evaluate))
                 metrics.update(history[-1])
             metrics["time/step_s"] = time.perf_counter() - started
             tracker.log(metrics, step)

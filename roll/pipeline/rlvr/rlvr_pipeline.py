@@ -37,7 +37,7 @@ from roll.pipeline.rlvr.rollout import (
     mask_truncated_responses,
     widen_prompts,
 )
-from roll.utils.tracking import show_progress
+from roll.utils.tracking import show_progress, timed_evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +75,12 @@ class RLVRPipeline(BasePipeline):
             self.sampler = make_sampler(
                 self.train_examples, config.rollout_batch_size, config.seed, config.data.domain_weights
             )
-        # Held-out answers are checked by the reward functions; a reward model's score is no verdict, so runs scored
-        # by reward models alone check them as SFT does.
+        # Answers are checked by the reward functions; a reward model's score is no verdict, so runs scored by reward
+        # models alone check them as SFT does, held-out and in `rollout/accuracy` (a learnt reward can rise while the
+        # answers it pays for do not).
         model_scored = all(r.worker_cls in REWARD_MODEL_WORKERS for r in config.reward_clusters().values())
-        self.eval_score = answer_scorer(self.tokenizer) if model_scored and config.env is None else self.score
+        self.answer_check = answer_scorer(self.tokenizer) if model_scored and config.env is None else None
+        self.eval_score = self.answer_check or self.score
         self.kl_controller = (
             AdaptiveKLController(algorithm.kl_penalty_coef, algorithm.adaptive_kl_target, algorithm.adaptive_kl_horizon)
             if algorithm.adaptive_kl_target is not None
@@ -343,9 +345,10 @@ class RLVRPipeline(BasePipeline):
     def _rollout_metrics(self, batch: DataProto) -> dict[str, float]:
         data = batch.batch
         lengths = data["response_mask"].sum(-1).float()
+        verdicts = data["scores"] if self.answer_check is None else self.answer_check(batch)
         return {
             "rollout/score_mean": data["scores"].float().mean().item(),
-            "rollout/accuracy": (data["scores"] >= 1).float().mean().item(),
+            "rollout/accuracy": (verdicts >= 1).float().mean().item(),
             "rollout/reward_failed": data["reward_failed"].sum().item(),
             "rollout/response_length_mean": lengths.mean().item(),
             "rollout/response_length_max": lengths.max().item(),
@@ -463,7 +466,7 @@ class RLVRPipeline(BasePipeline):
             start_step, accuracies = state["step"], state["val_accuracy_history"]
         self.tracker = tracker = open_run_tracker(config, start_step)
         if not start_step:
-            evaluation = self.evaluate()
+            evaluation = timed_evaluation(self.evaluate)
             accuracies.append(evaluation["val/accuracy"])
             tracker.log(evaluation, 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc="rlvr")
@@ -471,7 +474,7 @@ class RLVRPipeline(BasePipeline):
             started = time.perf_counter()
             metrics = self.step(step)
             if step % config.eval_steps == 0 or step == config.max_steps:
-                evaluation = self.evaluate()
+                evaluation = timed_evaluation(self.evaluate)
                 accuracies.append(evaluation["val/accuracy"])
                 metrics.update(evaluation)
             metrics["time/step_s"] = time.perf_counter() - started
