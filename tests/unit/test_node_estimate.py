@@ -40,8 +40,11 @@ def recipe(*overrides: str) -> RLVRConfig:
 def test_the_node_sums_every_process_and_adds_one_roles_peak_phase() -> None:
     [node] = estimate_nodes(recipe(), host_memory=24 * GiB)
     labels = [p.label for p in node.processes]
-    assert labels == ["actor_train/0", "actor_infer/0", "reference/0", "rewards.math/0"]
+    shared = "(in actor_train/0's process)"
+    assert labels == ["actor_train/0", f"actor_infer/0 {shared}", f"reference/0 {shared}", "rewards.math/0"]
     train, infer, reference, reward = node.processes
+    # The three colocated roles share one process (share_worker_processes): one runtime, the trainer's.
+    assert train.runtime == RUNTIME_BYTES["train"] and infer.runtime == reference.runtime == 0
     # fp32 ZeRO-0: weights, gradients and Adam's two moments, 4 + 4 + 8 bytes a parameter (494M, tied).
     assert train.resident == pytest.approx(16 * 494_032_768, rel=1e-3)
     # actor_infer's weights are overwritten by every sync, so copied; the reference's stay the fp32 checkpoint's
@@ -69,7 +72,8 @@ def test_generation_ahead_of_training_adds_the_generating_roles_phase() -> None:
     [ahead] = estimate_nodes(recipe("async_generation_ratio=1", *own_device), host_memory=24 * GiB)
     infer = next(p for p in ahead.processes if p.role == "actor_infer")
     assert ahead.peak_roles == ("actor_infer", "actor_train")
-    assert ahead.total == sync.total + infer.phase_peak
+    # On a slot of its own, actor_infer also leaves the trainer's process for one of its own.
+    assert ahead.total == sync.total + infer.phase_peak + infer.runtime and infer.runtime == RUNTIME_BYTES["infer"]
 
 
 def test_a_run_that_will_not_fit_is_a_config_error_naming_its_largest_term() -> None:
@@ -105,3 +109,10 @@ def test_a_reference_in_another_dtype_copies_its_weights() -> None:
     reference = next(p for p in node.processes if p.role == "reference")
     assert reference.mapped == 0 and node.page_cache == 0
     assert reference.resident == pytest.approx(2 * 494_032_768, rel=1e-3)
+
+
+def test_roles_in_processes_of_their_own_each_pay_a_runtime() -> None:
+    [shared] = estimate_nodes(recipe(), host_memory=24 * GiB)
+    [apart] = estimate_nodes(recipe("share_worker_processes=false"), host_memory=24 * GiB)
+    assert [p.label for p in apart.processes] == ["actor_train/0", "actor_infer/0", "reference/0", "rewards.math/0"]
+    assert apart.total - shared.total == 2 * RUNTIME_BYTES["infer"]

@@ -25,6 +25,7 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.executor.strategy_worker import StrategyWorker
+from roll.distributed.executor.worker_host import process_groups
 from roll.distributed.scheduler.placement import PlacementPlan, plan_placement
 from roll.pipeline.base.dry_run.model_shape import model_shape
 from roll.pipeline.base.dry_run.model_states import GiB
@@ -191,7 +192,13 @@ def estimate_nodes(
     prompt_length, response_length, prompts = config.sequence_lengths()
     overlapping = (GENERATING_ROLE,) if getattr(config, "async_generation_ratio", 0) else ()
     processes: dict[int, list[ProcessEstimate]] = defaultdict(list)
-    for name, role in config.roles().items():
+    roles = config.roles()
+    # Roles sharing a process per device (share_worker_processes) pay one runtime there: the largest of theirs.
+    owners = {}
+    for group in process_groups(roles) if config.share_worker_processes else []:
+        owner = max(group, key=lambda member: _runtime(roles[member]))
+        owners.update(dict.fromkeys(group, owner))
+    for name, role in roles.items():
         placements = plan.roles.get(name, ())
         rank_estimate = None
         if role.strategy_args is not None and issubclass(resolve_worker_cls(role.worker_cls), StrategyWorker):
@@ -205,12 +212,14 @@ def estimate_nodes(
                 host_memory=host,
             )
         mapped = _mapped_weights(name, role, rank_estimate)
+        owner = owners.get(name, name)
         for placement in placements:
+            shared = "" if owner == name else f" (in {owner}/{placement.rank}'s process)"
             processes[placement.node].append(
                 ProcessEstimate(
-                    f"{name}/{placement.rank}",
+                    f"{name}/{placement.rank}{shared}",
                     name,
-                    _runtime(role),
+                    _runtime(role) if owner == name else 0,
                     rank_estimate,
                     mapped,
                     role.model_args.model_name_or_path if mapped else "",
