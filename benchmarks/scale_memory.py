@@ -76,15 +76,16 @@ def _pss(pid: int) -> int:
 
 
 def _worker_pids(pid_dir: Path) -> dict[int, str]:
-    """`role/rank` of each worker that has written its pid file (roll's workers do with ROLL_PID_DIR set)."""
-    labels = {}
-    for path in pid_dir.glob("*.pid"):
+    """`role/rank` of each worker that has written its pid file (roll's workers do with ROLL_PID_DIR set); roles that
+    share a process (share_worker_processes) are joined by `+`."""
+    labels: dict[int, list[str]] = {}
+    for path in sorted(pid_dir.glob("*.pid")):
         role, _, rank = path.stem.rpartition("-")
         try:
-            labels[int(path.read_text())] = f"{role}/{rank}"
+            labels.setdefault(int(path.read_text()), []).append(f"{role}/{rank}")
         except ValueError:
             continue  # being written
-    return labels
+    return {pid: " + ".join(names) for pid, names in labels.items()}
 
 
 def sample(run: subprocess.Popen, baseline_used: int, pid_dir: Path) -> Sampled:

@@ -205,6 +205,10 @@ VERDICTS: dict[str, Run | Skip] = {
     "python benchmarks/compare_trl.py --model small|medium": Run(
         "python benchmarks/compare_trl.py --help", standalone=True
     ),
+    # Installs TRL and runs 6 x 200 steps (18 min): the README test checks its options; its analysis has unit tests.
+    "python benchmarks/compare_trl.py --to-accuracy": Run(
+        "python benchmarks/compare_trl.py --to-accuracy --help", standalone=True
+    ),
     "python benchmarks/compute_floor.py --model small|medium": Run(
         "python benchmarks/compute_floor.py --model small", standalone=True
     ),
