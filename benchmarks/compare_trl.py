@@ -78,7 +78,8 @@ MODELS: dict[str, tuple[dict[str, int], int]] = {
 }
 # The blocks of docs/performance.md this script owns (benchmarks/doc_tables.py); each row names its command.
 TABLE, ABLATION, TO_ACCURACY = "compare_trl-table", "compare_trl-ablation", "compare_trl-to-accuracy"
-BLOCKS = (TABLE, ABLATION, TO_ACCURACY)
+TO_ACCURACY_ABLATION = "compare_trl-to-accuracy-ablation"  # --to-accuracy --no-trl: roll against its ablations
+BLOCKS = (TABLE, ABLATION, TO_ACCURACY, TO_ACCURACY_ABLATION)
 DEFAULT_JOB = "rlvr_arithmetic"  # examples/config/: the README's main job, whose learning settings both sides share
 SMOOTHING = 3  # evaluations averaged for the target and the crossing
 
@@ -558,14 +559,16 @@ def trl_curve(
     return _reported(f"TRL seed {seed}", load_points(result))
 
 
-def roll_curve(pretrain: Path, seed: int, args: argparse.Namespace, extra: list[str], workdir: Path) -> list[Point]:
-    """One roll run of `--to-accuracy`: examples/start_rlvr_pipeline.py, the default job with `extra` overrides."""
-    output = workdir / f"roll-{seed}"
-    overrides = [f"pretrain={pretrain}", f"seed={seed}", f"eval_steps={args.eval_every}", *extra]
+def roll_curve(
+    pretrain: Path, seed: int, args: argparse.Namespace, overrides: list[str], workdir: Path, tag: str = "roll"
+) -> list[Point]:
+    """One roll run of `--to-accuracy`: examples/start_rlvr_pipeline.py, the default job with `overrides`."""
+    output = workdir / f"{tag}-{seed}"
+    overrides = [f"pretrain={pretrain}", f"seed={seed}", f"eval_steps={args.eval_every}", *overrides]
     command = [sys.executable, str(REPO_ROOT / "examples" / "start_rlvr_pipeline.py"), *overrides]
-    _run_logged([*command, f"output_dir={output}"], dict(os.environ), workdir / f"roll-{seed}.log")
+    _run_logged([*command, f"output_dir={output}"], dict(os.environ), workdir / f"{tag}-{seed}.log")
     [metrics] = output.glob("*/logs/metrics.jsonl")
-    return _reported(f"roll seed {seed}", roll_points([json.loads(line) for line in metrics.read_text().splitlines()]))
+    return _reported(f"{tag} seed {seed}", roll_points([json.loads(line) for line in metrics.read_text().splitlines()]))
 
 
 def _reported(label: str, points: list[Point]) -> list[Point]:
@@ -579,16 +582,19 @@ def _reported(label: str, points: list[Point]) -> list[Point]:
 
 
 def to_accuracy_report(
-    trl: list[list[Point]], roll: list[list[Point]], seeds: list[int], held_out: int, settings: SharedSettings
+    sides: list[tuple[str, list[list[Point]]]], seeds: list[int], held_out: int, settings: SharedSettings
 ) -> str:
-    """The `--to-accuracy` result as markdown: the target, each side's time to it, their ratio, and the curves."""
-    target = statistics.fmean(final_accuracy(curve, SMOOTHING) for curve in trl)
-    spread = statistics.stdev(final_accuracy(c, SMOOTHING) for c in trl) if len(trl) > 1 else float("nan")
+    """The `--to-accuracy` result as markdown: the target (the first side's final accuracy), each side's time to it,
+    the first side's time over each other's, and the curves."""
+    reference, reference_curves = sides[0]
+    finals = [final_accuracy(curve, SMOOTHING) for curve in reference_curves]
+    target = statistics.fmean(finals)
+    spread = statistics.stdev(finals) if len(finals) > 1 else float("nan")
     lines = [
-        f"Target: {target:.3f}, TRL's final held-out accuracy (the mean over seeds {', '.join(map(str, seeds))} of "
-        f"each run's last {SMOOTHING} evaluations; their standard deviation {spread:.3f}). One evaluation is greedy "
-        f"on the {held_out} held-out problems: standard error {standard_error(target, held_out):.3f} at the target. "
-        f"Both: {settings.max_steps} steps of {settings.prompts} prompts x {settings.samples} samples, "
+        f"Target: {target:.3f}, {reference}'s final held-out accuracy (the mean over seeds {', '.join(map(str, seeds))}"
+        f" of each run's last {SMOOTHING} evaluations; their standard deviation {spread:.3f}). One evaluation is "
+        f"greedy on the {held_out} held-out problems: standard error {standard_error(target, held_out):.3f} at the "
+        f"target. All: {settings.max_steps} steps of {settings.prompts} prompts x {settings.samples} samples, "
         f"{settings.updates_per_step} optimizer step(s) of {settings.rows_per_update} rows each, learning rate "
         f"{settings.learning_rate:g} (constant), KL loss {settings.kl_coef:g} (k3), clip {settings.clip_low:g} / "
         f"{settings.clip_high:g}, {settings.new_tokens} new tokens.",
@@ -598,25 +604,27 @@ def to_accuracy_report(
         "|---|---|---|---|---|---|",
     ]
     reached = {}
-    for name, curves in (("TRL", trl), ("roll", roll)):
-        finals = ", ".join(f"{final_accuracy(c, SMOOTHING):.3f}" for c in curves)
+    for name, curves in sides:
+        per_seed = ", ".join(f"{final_accuracy(c, SMOOTHING):.3f}" for c in curves)
         per_step = statistics.fmean(c[-1].train_s / c[-1].step for c in curves)
         point = reached[name] = first_reaching(curves, target, SMOOTHING)
         where = f"{point.step} | {point.wall_s:.0f} | {point.train_s:.0f}" if point else "not reached | - | -"
-        lines.append(f"| {name} | {finals} | {per_step:.2f} | {where} |")
-    if reached["TRL"] and reached["roll"] and reached["roll"].train_s > 0:
-        lines += [
-            "",
-            f"TRL / roll: {reached['TRL'].wall_s / reached['roll'].wall_s:.2f} in wall time from the command, "
-            f"{reached['TRL'].train_s / reached['roll'].train_s:.2f} in training time.",
+        lines.append(f"| {name} | {per_seed} | {per_step:.2f} | {where} |")
+    ratios = [
+        f"{reference} / {name}: {reached[reference].wall_s / point.wall_s:.2f} in wall time from the command, "
+        f"{reached[reference].train_s / point.train_s:.2f} in training time."
+        for name, point in list(reached.items())[1:]
+        if reached[reference] and point and point.train_s > 0
+    ]
+    lines += ["", *ratios] if ratios else []
+    means = [{p.step: p for p in mean_curve(curves)} for _, curves in sides]
+    lines += ["", "| step | " + " | ".join(f"{name}: mean (seeds)" for name, _ in sides) + " |"]
+    lines.append("|---" * (len(sides) + 1) + "|")
+    for step in sorted(set.intersection(*(set(m) for m in means))):
+        cells = [
+            f"{mean[step].accuracy:.3f} ({', '.join(f'{p.accuracy:.2f}' for c in curves for p in c if p.step == step)})"
+            for mean, (_, curves) in zip(means, sides, strict=True)
         ]
-    lines += ["", "| step | TRL: mean (seeds) | roll: mean (seeds) |", "|---|---|---|"]
-    means = {name: {p.step: p for p in mean_curve(curves)} for name, curves in (("TRL", trl), ("roll", roll))}
-    for step in sorted(means["TRL"].keys() & means["roll"].keys()):
-        cells = []
-        for name, curves in (("TRL", trl), ("roll", roll)):
-            seeds_at = ", ".join(f"{p.accuracy:.2f}" for c in curves for p in c if p.step == step)
-            cells.append(f"{means[name][step].accuracy:.3f} ({seeds_at})")
         lines.append(f"| {step} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -631,14 +639,23 @@ def to_accuracy(args: argparse.Namespace, extra: list[str]) -> None:
         settings = shared_settings(config)
         task = write_task(config.data.task_seed, workdir)
         held_out = len(task[1].read_text().splitlines())
-        trl, roll = [], []
+        ablations = [(a, ablation_overrides(a)) for a in args.ablate]
+        for ablation, overrides in ablations:  # systems settings only: what TRL is given must not change
+            if shared_settings(default_job(pretrain, [*extra, *overrides])) != settings:
+                raise SystemExit(f"--ablate {ablation!r} changes a learning setting; --to-accuracy compares systems")
+        sides: list[tuple[str, list[list[Point]]]] = [] if args.no_trl else [("TRL", [])]
+        sides += [("roll", [])] + [(f"roll `{a}`", []) for a, _ in ablations]
         for seed in args.seeds:
-            trl.append(trl_curve(pretrain, task, settings, seed, args, workdir))
-            roll.append(roll_curve(pretrain, seed, args, extra, workdir))
-    report = to_accuracy_report(trl, roll, args.seeds, held_out, settings)
+            if not args.no_trl:
+                sides[0][1].append(trl_curve(pretrain, task, settings, seed, args, workdir))
+            runs = [("roll", extra)] + [(f"ablation-{i}", [*extra, *o]) for i, (_, o) in enumerate(ablations)]
+            for (_, curves), (tag, overrides) in zip(sides[-len(runs) :], runs, strict=True):
+                curves.append(roll_curve(pretrain, seed, args, overrides, workdir, tag))
+    report = to_accuracy_report(sides, args.seeds, held_out, settings)
     print(f"\n{machine()}\n\n{report}")
     if args.write_docs:
-        doc_tables.write_block(DOC, TO_ACCURACY, command, report, ("torch", "deepspeed", "transformers", "trl"))
+        block = TO_ACCURACY_ABLATION if args.no_trl else TO_ACCURACY
+        doc_tables.write_block(DOC, block, command, report, ("torch", "deepspeed", "transformers", "trl"))
 
 
 # ---- reports -------------------------------------------------------------------------------------------

@@ -118,3 +118,28 @@ def test_to_accuracy_gives_trl_the_default_jobs_learning_settings(tmp_path: Path
         compare_trl.shared_settings(compare_trl.default_job(model_dir, ["algorithm.adv_estimator=reinforce_plus_plus"]))
     train, held_out = compare_trl.write_task(0, tmp_path)
     assert len(held_out.read_text().splitlines()) == 160 and len(train.read_text().splitlines()) == 640
+
+
+def test_the_to_accuracy_report_times_every_side_to_the_first_sides_final_accuracy() -> None:
+    from benchmarks.accuracy_curves import Point
+
+    def curve(accuracies: list[float], seconds_per_step: float) -> list[Point]:
+        return [
+            Point(10 * i, a, 20 + 10 * i * seconds_per_step, 10 * i * seconds_per_step)
+            for i, a in enumerate(accuracies)
+        ]
+
+    reference = [curve([0.4, 0.5, 0.6, 0.6, 0.6], 1.0)] * 2
+    faster = [curve([0.4, 0.6, 0.6, 0.6, 0.6], 0.5)] * 2
+    never = [curve([0.4, 0.4, 0.4, 0.4, 0.4], 0.5)] * 2
+    settings = compare_trl.SharedSettings(32, 8, 6, 5e-5, 1e-3, 0.2, 0.28, 128, 40)
+    report = compare_trl.to_accuracy_report(
+        [("TRL", reference), ("roll", faster), ("roll `x=1`", never)], [1, 2], 160, settings
+    )
+    assert "Target: 0.600, TRL's final" in report
+    # Smoothed over 3 evaluations, the reference first reaches 0.6 at step 40, the faster curve at step 30.
+    assert "| TRL | 0.600, 0.600 | 1.00 | 40 | 60 | 40 |" in report
+    assert "| roll | 0.600, 0.600 | 0.50 | 30 | 35 | 15 |" in report
+    assert "| roll `x=1` | 0.400, 0.400 | 0.50 | not reached | - | - |" in report
+    assert "TRL / roll: 1.71 in wall time from the command, 2.67 in training time." in report
+    assert "| 10 | 0.500 (0.50, 0.50) | 0.600 (0.60, 0.60) | 0.400 (0.40, 0.40) |" in report
