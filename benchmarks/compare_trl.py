@@ -185,22 +185,49 @@ class Run:
         return medians
 
 
+def grpo_trainer(model_dir: str, train_file: str, output_dir: str, callback: Any, **settings: Any) -> Any:
+    """TRL's GRPOTrainer on `train_file`'s prompts with math-verify rewards (roll's reward function), on CPU in fp32,
+    saving and reporting nothing, with `callback`; `settings` are the GRPOConfig fields each comparison sets."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from roll.rewards.functions import math_reward
+
+    records = [json.loads(line) for line in Path(train_file).read_text().splitlines()]
+
+    def math_verify_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        return [math_reward(p, c, a) for p, c, a in zip(prompts, completions, answer, strict=True)]
+
+    config = GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=False,
+        model_init_kwargs={"dtype": torch.float32},
+        gradient_accumulation_steps=1,
+        temperature=1.0,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        **settings,
+    )
+    return GRPOTrainer(
+        model=model_dir,
+        reward_funcs=math_verify_reward,
+        args=config,
+        train_dataset=Dataset.from_list(records),
+        callbacks=[callback],
+    )
+
+
 def trl_step_seconds(
     model_dir: str, train_file: str, new_tokens: int, steps: int, threads: int, output_dir: str
 ) -> list[float]:
     """Train with TRL's GRPOTrainer for `steps` optimizer steps in this process; return each step's seconds."""
     import torch
-    from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from roll.rewards.functions import math_reward
 
     torch.set_num_threads(threads)
-    records = [json.loads(line) for line in Path(train_file).read_text().splitlines()]
-
-    def math_verify_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
-        return [math_reward(p, c, a) for p, c, a in zip(prompts, completions, answer, strict=True)]
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -213,35 +240,11 @@ def trl_step_seconds(
             self.marks.append(time.perf_counter())
 
     timer = StepTimer()
-    config = GRPOConfig(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        model_init_kwargs={"dtype": torch.float32},
-        per_device_train_batch_size=PROMPTS * SAMPLES,
-        gradient_accumulation_steps=1,
-        num_generations=SAMPLES,
-        max_completion_length=new_tokens,
-        temperature=1.0,
-        beta=BETA,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        learning_rate=LEARNING_RATE,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=SEED,
-    )
-    trainer = GRPOTrainer(
-        model=model_dir,
-        reward_funcs=math_verify_reward,
-        args=config,
-        train_dataset=Dataset.from_list(records),
-        callbacks=[timer],
-    )
-    trainer.train()
+    settings = {"num_generations": SAMPLES, "max_completion_length": new_tokens, "beta": BETA, "epsilon": 0.2}
+    settings |= {"epsilon_high": 0.28, "learning_rate": LEARNING_RATE, "max_steps": steps, "logging_steps": 1}
+    grpo_trainer(
+        model_dir, train_file, output_dir, timer, per_device_train_batch_size=PROMPTS * SAMPLES, seed=SEED, **settings
+    ).train()
     return [end - start for start, end in zip(timer.marks, timer.marks[1:], strict=False)]
 
 
@@ -429,9 +432,7 @@ def trl_accuracy_points(
     (math-verify, as roll's reward worker scores) every `eval_every` RL steps; the evaluations."""
     import psutil
     import torch
-    from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     from roll.rewards.functions import math_reward
 
@@ -483,17 +484,15 @@ def trl_accuracy_points(
                 self.evaluate(kwargs["model"], state.global_step // shared.updates_per_step)
 
     evaluator = Evaluator()
-    config = GRPOConfig(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        model_init_kwargs={"dtype": torch.float32},
+    trainer = grpo_trainer(
+        model_dir,
+        train_file,
+        output_dir,
+        evaluator,
         per_device_train_batch_size=shared.rows_per_update,
-        gradient_accumulation_steps=1,
         steps_per_generation=shared.updates_per_step,
         num_generations=shared.samples,
         max_completion_length=shared.new_tokens,
-        temperature=1.0,
         top_p=1.0,
         beta=shared.kl_coef,
         epsilon=shared.clip_low,
@@ -502,23 +501,7 @@ def trl_accuracy_points(
         lr_scheduler_type="constant",
         max_steps=shared.max_steps * shared.updates_per_step,
         logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
         seed=seed,
-    )
-    records = [json.loads(line) for line in Path(train_file).read_text().splitlines()]
-
-    def math_verify_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
-        return [math_reward(p, c, a) for p, c, a in zip(prompts, completions, answer, strict=True)]
-
-    trainer = GRPOTrainer(
-        model=model_dir,
-        reward_funcs=math_verify_reward,
-        args=config,
-        train_dataset=Dataset.from_list(records),
-        processing_class=tokenizer,
-        callbacks=[evaluator],
     )
     trainer.train()
     return evaluator.points
