@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from roll.distributed.executor.worker import Worker
+from roll.distributed.executor.worker_host import HostedWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.broadcast import (
@@ -136,7 +137,11 @@ class StrategyWorker(Worker):
         if not (colocated or broadcast_to or self.strategy.weights_gathered_collectively):
             return totals
         weights = self.strategy.iter_hf_weights()
-        buckets = hand_over(iter_buckets(weights, bucket_bytes), colocated, totals)
+        # A worker hosted by this very process (worker_host.py) loads from this rank's tensors directly.
+        local = [target.local() if isinstance(target, HostedWorker) else None for target in colocated]
+        remote = [target for target, worker in zip(colocated, local, strict=True) if worker is None]
+        in_process = [worker for worker in local if worker is not None]
+        buckets = hand_over(iter_buckets(weights, bucket_bytes), remote, totals, in_process)
         try:
             if broadcast_to:
                 group, headers, receivers = self.broadcast_sources[broadcast_to]

@@ -11,7 +11,7 @@ until every receiver has loaded from it.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,6 @@ import numpy as np
 import ray
 import torch
 
-from roll.distributed.executor.worker_host import HostedWorker
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec, pack_flat, unpack_flat
 
 
@@ -59,29 +58,27 @@ def open_bucket(shared: SharedBucket) -> NamedTensors:
     return unpack_flat(flat, shared.specs)
 
 
-def hand_over(buckets: Iterable[NamedTensors], targets: list[Any], totals: dict[str, int]) -> Iterator[NamedTensors]:
+def hand_over(
+    buckets: Iterable[NamedTensors], targets: list[Any], totals: dict[str, int], in_process: Sequence[Any] = ()
+) -> Iterator[NamedTensors]:
     """Pass each bucket on while every target actor loads it (`receive_colocated_bucket`), then wait for them.
 
-    The bucket goes into the object store once, whatever the number of targets (a target this process hosts
-    loads it from the sender's tensors instead); the bytes handed
+    The bucket goes into the object store once, whatever the number of targets; workers in this very process
+    (`in_process`, worker_host.py) load it from the sender's tensors with `load_bucket` instead. The bytes handed
     over accumulate in `totals["colocated_bytes"]`. The targets load bucket k while the caller
     broadcasts it: an inference role whose workers load collectively (ZeRO-3) may have workers on
     both routes, and its colocated workers cannot finish bucket k before the broadcast ones have it.
     """
-    # A target hosted by this very process (worker_host.py) loads each bucket from the sender's tensors directly.
-    local = {i: target.local() for i, target in enumerate(targets) if isinstance(target, HostedWorker)}
-    in_process = [worker for worker in local.values() if worker is not None]
-    remote = [target for i, target in enumerate(targets) if local.get(i) is None]
     for bucket in buckets:
         for worker in in_process:
             totals["colocated_bytes"] += worker.load_bucket(bucket)
-        if not remote:
+        if not targets:
             yield bucket
             continue
         shared, buffer = share_bucket(bucket)
         ref = ray.put(shared)
-        loads = [target.receive_colocated_bucket.remote(ref) for target in remote]
+        loads = [target.receive_colocated_bucket.remote(ref) for target in targets]
         yield bucket
         ray.get(loads)  # before the next bucket, and before the buffer is released
-        totals["colocated_bytes"] += shared.nbytes * len(remote)
+        totals["colocated_bytes"] += shared.nbytes * len(targets)
         del ref, buffer
