@@ -123,7 +123,7 @@ def main() -> None:
     manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
     train = Cluster(WORKER, role("actor_train", "deepspeed_train", "0-1", model_dir, zero_block(args.stage)), manager)
     infer = {name: Cluster(WORKER, role(name, s, d, model_dir, None), manager) for name, (s, d) in TARGETS.items()}
-    shared = []
+    shared, hosts = [], []
     if args.stage < 3:  # roll keeps ZeRO-3 roles in processes of their own (worker_host.py)
         shared_train = role("actor_train_shared", "deepspeed_train", "0-1", model_dir, zero_block(args.stage))
         hosts = start_hosts(shared_train, manager, "shared")
@@ -161,7 +161,7 @@ def main() -> None:
     gigabytes = nbytes / 1e9
     for cluster in [train, *infer.values(), *shared]:
         cluster.shutdown()
-    for host in hosts if shared else []:
+    for host in hosts:
         ray.kill(host)
     manager.destroy()
     ray.shutdown()

@@ -68,8 +68,7 @@ class Worker:
             "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
         )
         address, port = ray.util.get_node_ip_address(), self._rendezvous.port
-        self.master = address, port
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
+        self.join_rendezvous((address, port))
         return address, port
 
     def join_rendezvous(self, master: tuple[str, int]) -> None:

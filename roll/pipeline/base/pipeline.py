@@ -63,7 +63,8 @@ class BasePipeline(ABC):
     def start_roles(self, role_names: Iterable[str]) -> None:
         """Start the roles `role_names` (those sharing devices in shared processes, `share_worker_processes`), build
         their models concurrently, then track their states in `residency`."""
-        roles = {name: self.config.roles()[name] for name in role_names}
+        configured = self.config.roles()
+        roles = {name: configured[name] for name in role_names}
         hosts = self.host_shared_roles(roles) if self.config.share_worker_processes else {}
         for name in roles:
             self.start_cluster(name, hosts.get(name))
