@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from functools import lru_cache
 
 RewardFunction = Callable[[str, str, str], float]
 
@@ -36,13 +37,36 @@ def math_reward(prompt: str, response: str, answer: str) -> float:
         # Two bare integers, which math-verify would read as exactly these: compared without parsing (a
         # parse and verify cost milliseconds, most of a small model's RL step when every sample is scored).
         return 1.0 if int(gold_text) == int(predicted_text) else 0.0
-    from math_verify import parse, verify
+    from math_verify import verify
 
     # math-verify's own timeouts use SIGALRM, which only the main thread may set.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = parse(gold_text, parsing_timeout=timeout)
-    predicted = parse(predicted_text, parsing_timeout=timeout)
+    gold = _math_parse(gold_text, timeout)
+    predicted = _math_parse(predicted_text, timeout)
     return 1.0 if gold and predicted and verify(gold, predicted, timeout_seconds=timeout) else 0.0
+
+
+class _Unparsed(Exception):
+    """math-verify found nothing: maybe a parse that timed out, so it is not cached."""
+
+
+@lru_cache(maxsize=8192)
+def _cached_parse(text: str, timeout: int | None) -> list:
+    from math_verify import parse
+
+    parsed = parse(text, parsing_timeout=timeout)
+    if not parsed:
+        raise _Unparsed
+    return parsed
+
+
+def _math_parse(text: str, timeout: int | None) -> list:
+    """math-verify's parse of `text`, cached: a group's samples share their answer and often their response,
+    and a parse costs milliseconds (sympy), the whole reward of a short response."""
+    try:
+        return _cached_parse(text, timeout)
+    except _Unparsed:
+        return []
 
 
 def exact_match_reward(prompt: str, response: str, answer: str) -> float:

@@ -1,4 +1,5 @@
-"""A reward function run in a child process, one sample at a time, each with a deadline.
+"""A reward function run in a child process: a batch of samples goes over in one message, each sample's
+score comes back on its own, each with a deadline.
 
 The child side (`serve`) is kept free of heavy imports so that restarts are quick. Parent and child
 talk over a pipe and nothing else: a `multiprocessing.Pool` owns six named semaphores, registered
@@ -52,21 +53,31 @@ def score(prompt: str, response: str, answer: str) -> list[float]:
 
 
 def serve(conn: Connection, dotted: Sequence[str]) -> None:
-    """Child process: answer each sample received on `conn` with `(True, scores)` or `(False, error)`.
+    """Child process: for each batch of samples received on `conn`, send one reply per sample, in order:
+    `(True, scores)` or `(False, error)`.
 
     Returns when the parent closes its end of the pipe.
     """
     load_reward_fns(dotted)
     while True:
         try:
-            sample = conn.recv()
+            samples = conn.recv()
         except EOFError:
             return
-        try:
-            reply: tuple[bool, list[float] | str] = (True, score(*sample))
-        except RewardFunctionError as exc:
-            reply = (False, str(exc))
-        conn.send(reply)
+        for sample in samples:
+            try:
+                reply: tuple[bool, list[float] | str] = (True, score(*sample))
+            except RewardFunctionError as exc:
+                reply = (False, str(exc))
+            conn.send(reply)
+
+
+class _ChildLost(Exception):
+    """The child hung or died on a sample; `error` is that sample's outcome."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Scorer:
@@ -95,23 +106,53 @@ class Scorer:
         child_conn.close()
         self._conn = parent_conn
 
-    def score(self, sample: Sample, timeout_s: float) -> float:
-        """The score of one sample; TimeoutError past `timeout_s`, RewardFunctionError when the function fails."""
-        if self._process is None:
-            self._start()
+    def score_all(self, samples: Sequence[Sample], timeout_s: float) -> list[float | Exception]:
+        """Each sample's score, or the exception that stands for it: TimeoutError when it took longer than
+        `timeout_s`, RewardFunctionError when the function raised or its process died.
+
+        The samples go over in one message: a round trip per sample cost more than scoring a short answer.
+        A hung or dead child is replaced and the samples after the one it failed on are sent again.
+        """
+        outcomes: list[float | Exception] = []
+        while len(outcomes) < len(samples):
+            if self._process is not None and not self._process.is_alive():
+                self._stop(grace_s=0)  # died between batches: no sample of this batch to blame
+            if self._process is None:
+                self._start()
+            pending = samples[len(outcomes) :]
+            try:
+                self._send(pending)
+                for _ in pending:
+                    outcomes.append(self._receive(timeout_s))
+            except _ChildLost as lost:
+                outcomes.append(lost.error)
+        return outcomes
+
+    def _send(self, samples: Sequence[Sample]) -> None:
+        """Send a batch; _ChildLost (blaming its first sample) when the child is gone."""
         try:
-            self._conn.send(sample)
+            self._conn.send(list(samples))
+        except OSError:
+            raise self._died(grace_s=0) from None
+
+    def _receive(self, timeout_s: float) -> float | Exception:
+        """The next sample's outcome; _ChildLost when the child hung or died on it (it is then stopped)."""
+        try:
             reply = self._conn.recv() if self._conn.poll(timeout_s) else None
-        except (EOFError, OSError) as exc:
-            exitcode = self._stop(grace_s=1.0)
-            raise RewardFunctionError(f"the scoring process died (exit code {exitcode})") from exc
+        except (EOFError, OSError):
+            raise self._died(grace_s=1.0) from None
         if reply is None:
             self._stop(grace_s=0)  # stuck in user code
-            raise TimeoutError(f"took longer than {timeout_s} s")
+            raise _ChildLost(TimeoutError(f"took longer than {timeout_s} s"))
         ok, value = reply
         if not ok:
-            raise RewardFunctionError(value)
+            return RewardFunctionError(value)
         return sum(weight * term for weight, term in zip(self._weights, value, strict=True))
+
+    def _died(self, grace_s: float) -> _ChildLost:
+        """Stop what is left of a dead child; the outcome of the sample it died on."""
+        exitcode = self._stop(grace_s)
+        return _ChildLost(RewardFunctionError(f"the scoring process died (exit code {exitcode})"))
 
     def _stop(self, grace_s: float) -> int | None:
         """Close the pipe, wait `grace_s` for the child to exit, else kill it; its exit code."""

@@ -36,21 +36,28 @@ def scorer() -> Iterator[Scorer]:
 
 
 def test_scores_and_failures(scorer: Scorer) -> None:
-    assert scorer.score(("1+1=", "2", "2"), timeout_s=30) == 1.0
-    with pytest.raises(RewardFunctionError, match="picky_reward: ValueError: cannot parse"):
-        scorer.score(("1+1=", "raise", "2"), timeout_s=30)
-    assert scorer.score(("1+1=", "3", "2"), timeout_s=30) == 0.0
+    first, raised, wrong = scorer.score_all([("1+1=", "2", "2"), ("1+1=", "raise", "2"), ("1+1=", "3", "2")], 30)
+    assert (first, wrong) == (1.0, 0.0)
+    assert isinstance(raised, RewardFunctionError) and "picky_reward: ValueError: cannot parse" in str(raised)
 
 
-def test_hung_or_dead_child_is_replaced(scorer: Scorer) -> None:
+def test_a_hung_or_dead_child_fails_its_sample_and_the_rest_of_the_batch_is_scored(scorer: Scorer) -> None:
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match="took longer than 1 s"):
-        scorer.score(("", "hang", ""), timeout_s=1)
+    batch = [("", "a", "a"), ("", "hang", ""), ("", "b", "b"), ("", "exit", ""), ("", "c", "x"), ("", "d", "d")]
+    outcomes = scorer.score_all(batch, timeout_s=1)
     assert time.monotonic() - started < 30
-    assert scorer.score(("", "a", "a"), timeout_s=30) == 1.0
-    with pytest.raises(RewardFunctionError, match=r"the scoring process died \(exit code 3\)"):
-        scorer.score(("", "exit", ""), timeout_s=30)
-    assert scorer.score(("", "a", "a"), timeout_s=30) == 1.0
+    assert outcomes[0] == 1.0 and outcomes[2] == 1.0 and outcomes[4:] == [0.0, 1.0]
+    assert isinstance(outcomes[1], TimeoutError) and "took longer than 1 s" in str(outcomes[1])
+    assert isinstance(outcomes[3], RewardFunctionError)
+    assert "the scoring process died (exit code 3)" in str(outcomes[3])
+    assert scorer.score_all([("", "a", "a")], timeout_s=30) == [1.0]
+
+
+def test_a_child_that_died_between_batches_is_replaced_without_failing_a_sample(scorer: Scorer) -> None:
+    assert scorer.score_all([("", "a", "a")], timeout_s=30) == [1.0]
+    scorer._process.kill()
+    scorer._process.join()
+    assert scorer.score_all([("", "a", "a"), ("", "b", "c")], timeout_s=30) == [1.0, 0.0]
 
 
 # What a reward worker does, then what Ray does when the worker ends: kill the worker's child processes
@@ -61,7 +68,7 @@ from multiprocessing import resource_tracker
 from roll.rewards.sandbox import Scorer
 
 scorer = Scorer(multiprocessing.get_context("forkserver"), "{HERE}.picky_reward")
-print(scorer.score(("", "a", "a"), timeout_s=30))
+print(scorer.score_all([("", "a", "a")], timeout_s=30)[0])
 scorer.close()
 if resource_tracker._resource_tracker._pid is not None:
     os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)

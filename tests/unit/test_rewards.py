@@ -80,15 +80,15 @@ def test_weighted_rewards_sum_and_a_failing_function_fails_the_sample() -> None:
     fns = ["roll.rewards.functions.math_reward", "roll.rewards.functions.answer_tag_format_reward"]
     scorer = Scorer(multiprocessing.get_context("forkserver"), fns, [1.0, 0.25])
     try:
-        assert scorer.score(("", "<answer>72</answer>", "#### 72"), timeout_s=30) == 1.25
-        assert scorer.score(("", "<answer>7</answer>", "#### 72"), timeout_s=30) == 0.25
-        assert scorer.score(("", "72", "#### 72"), timeout_s=30) == 1.0
+        samples = [("", "<answer>72</answer>", "#### 72"), ("", "<answer>7</answer>", "#### 72"), ("", "72", "#### 72")]
+        assert scorer.score_all(samples, timeout_s=30) == [1.25, 0.25, 1.0]
     finally:
         scorer.close()
     code = Scorer(multiprocessing.get_context("forkserver"), ["roll.rewards.code.code_reward"])
     try:
-        with pytest.raises(RewardFunctionError, match=r"code_reward: ValueError: the answer of a code sample"):
-            code.score(("", ADD, "not json"), timeout_s=30)
+        [failed] = code.score_all([("", ADD, "not json")], timeout_s=30)
+        assert isinstance(failed, RewardFunctionError)
+        assert "code_reward: ValueError: the answer of a code sample" in str(failed)
     finally:
         code.close()
 

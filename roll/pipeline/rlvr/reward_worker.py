@@ -15,7 +15,7 @@ from roll.rewards import sandbox as reward_sandbox
 
 
 class RewardWorker(Worker):
-    """Decodes responses and scores them in a child process, one sample at a time, each with a deadline.
+    """Decodes responses and scores them in a child process, each sample with a deadline.
 
     A sample whose function raises, runs past `timeout_s` or kills its process scores 0 and is counted
     as failed; a hung or dead child is replaced, and scoring goes on with the next sample.
@@ -49,14 +49,15 @@ class RewardWorker(Worker):
     def _score_all(self, samples: list[reward_sandbox.Sample]) -> tuple[list[float], list[float]]:
         scores: list[float] = []
         failed: list[float] = []
-        for sample in samples:
-            try:
-                scores.append(self._scorer.score(sample, self.worker_config.timeout_s))
-                failed.append(0.0)
-            except (TimeoutError, reward_sandbox.RewardFunctionError) as exc:
+        outcomes = self._scorer.score_all(samples, self.worker_config.timeout_s)
+        for sample, outcome in zip(samples, outcomes, strict=True):
+            if isinstance(outcome, Exception):
                 scores.append(0.0)
                 failed.append(1.0)
-                self.logger.warning("reward_fn failed on response %r: %s", sample[1][:80], exc)
+                self.logger.warning("reward_fn failed on response %r: %s", sample[1][:80], outcome)
+            else:
+                scores.append(outcome)
+                failed.append(0.0)
         return scores, failed
 
     def close(self) -> None:
