@@ -10,9 +10,8 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -22,6 +21,9 @@ from roll.datasets.arithmetic import Problem, arithmetic_problems, two_step_prob
 from roll.datasets.chat_format import format_prompt, use_chat_template
 from roll.datasets.sources import Source, quiet_progress, read_table, to_conversations
 from roll.distributed.scheduler.protocol import DataProto
+
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 BUILT_IN = "the built-in arithmetic task"
@@ -81,6 +83,8 @@ def task_table(data: DataArguments) -> Callable[[Sequence[Problem]], datasets.Da
 
 def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
     """`problems` as a table of roll's columns (a one-turn conversation each)."""
+    import datasets
+
     return datasets.Dataset.from_list(
         [
             {
