@@ -122,6 +122,7 @@ def test_offload_and_reload_of_the_diffusion_states_is_bit_exact(manager: Resour
     try:
         cluster.reward_fl_step(prompts_batch(4))
         before = cluster.snapshot()[0]
+        assert all(cluster.offload_moves_states())
         moved = cluster.offload_states()[0]
         assert sum(value for key, value in moved.items() if "/moved_bytes/" in key) > 0, moved
         cluster.load_states()

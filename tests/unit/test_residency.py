@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from roll.pipeline.base.residency import Residency
 from roll.pipeline.rlvr import phases
 
@@ -28,6 +30,9 @@ class RecordingCluster:
         self.log.append(f"load {self.name}")
         return Done([{"x/offload/moved_bytes/model_params": 10.0, "x/offload/seconds": 1.0}] * 2)
 
+    def offload_moves_states(self, blocking: bool = True) -> Done:
+        return Done([True, True])
+
 
 def test_colocated_roles_take_turns_and_separate_roles_stay() -> None:
     log: list[str] = []
@@ -51,3 +56,29 @@ def test_colocated_roles_take_turns_and_separate_roles_stay() -> None:
 
     residency.enter(phases.SYNC_WEIGHTS)
     assert log == ["load actor_infer"] and residency.resident == set(names)
+
+
+class HostMemoryCluster(RecordingCluster):
+    """A role whose offload can move nothing here (e.g. DeepSpeed offloading to host memory on a CPU platform)."""
+
+    def offload_moves_states(self, blocking: bool = True) -> Done:
+        self.log.append(f"asked {self.name}")
+        return Done([False, False])
+
+
+def test_roles_whose_offload_moves_nothing_are_tracked_but_never_called() -> None:
+    log: list[str] = []
+    clusters = {
+        "actor_train": RecordingCluster("actor_train", log),
+        "actor_infer": HostMemoryCluster("actor_infer", log),
+    }
+    roles = {name: SimpleNamespace(devices=[0, 1]) for name in clusters}
+    residency = Residency.of_roles(clusters, roles)  # type: ignore[arg-type]
+    assert log == ["asked actor_infer"] and residency.unmoved == {"actor_infer"}
+
+    log.clear()
+    residency.enter(phases.GENERATE)
+    residency.enter(phases.OLD_LOG_PROBS)
+    residency.enter(phases.SYNC_WEIGHTS)
+    assert log == ["offload actor_train", "load actor_train"]
+    assert residency.resident == set(clusters)

@@ -72,6 +72,11 @@ class StrategyWorker(Worker):
         return self.strategy.load_states()
 
     @register(Dispatch.ONE_TO_ALL)
+    def offload_moves_states(self) -> bool:
+        """Whether `offload_states` can move anything on this worker (see the strategy's)."""
+        return self.strategy.offload_moves_states()
+
+    @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, save_dir: str, tag: str) -> str:
         """A resumable checkpoint of a training strategy."""
         return self.strategy.save_checkpoint(save_dir, tag)

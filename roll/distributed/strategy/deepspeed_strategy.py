@@ -193,6 +193,10 @@ class DeepSpeedInferStrategy(InferenceStrategy):
             return {}
         return self.engine.reload_states(include=include).as_metrics()
 
+    def offload_moves_states(self) -> bool:
+        """False on a CPU platform offloading to host memory, and under ZeRO-Infinity (see `offload_states`)."""
+        return not self._offload_is_a_no_op()
+
     def _offload_is_a_no_op(self) -> bool:
         on_host = not self.worker.platform.is_accelerator and self.worker_config.strategy_args.offload_device == "cpu"
         return on_host or bool(self.deepspeed_swaps)

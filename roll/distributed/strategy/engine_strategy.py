@@ -300,6 +300,10 @@ class EngineStrategy(InferenceStrategy):
         self.asleep = True
         return {"engine": float(max(before - memory_in_use(self.worker.platform), 0))}
 
+    def offload_moves_states(self) -> bool:
+        """Whether the engine can sleep here (`can_sleep`)."""
+        return self.can_sleep
+
     def load_states(self, include: set[str] | None = None) -> dict[str, float]:
         """Wake the engine; when its sleep dropped the weights, generation waits for a full weight sync."""
         if not self.asleep:

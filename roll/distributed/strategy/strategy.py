@@ -153,6 +153,11 @@ class InferenceStrategy(ABC):
         """Bring offloaded states back to the device; return metrics as `offload_states` does."""
         return {}
 
+    def offload_moves_states(self) -> bool:
+        """Whether `offload_states` can move anything on this worker, for as long as it runs: a role whose offload
+        never does is not called between phases. By default, whether the backend has an `offload_states` of its own."""
+        return type(self).offload_states is not InferenceStrategy.offload_states
+
     def load_weights(self, named_tensors: NamedTensors) -> None:
         """Copy full weights by Hugging Face name (any dtype) into the model in place.
 

@@ -2,8 +2,10 @@
 
 Colocated roles take turns on shared devices: entering a phase loads the states of the roles it
 needs and offloads the roles that share their devices but are not needed. Nothing moves for roles
-on devices of their own. Every pipeline with colocated roles (RLVR, DPO, distillation) names its
-phases and enters them through one `Residency`.
+on devices of their own, and roles whose offload can move nothing (states already in host memory on a
+CPU platform, an engine that cannot sleep) are not called: a round trip each, per phase, that did
+nothing. Every pipeline with colocated roles (RLVR, DPO, distillation) names its phases and enters
+them through one `Residency`.
 """
 
 from __future__ import annotations
@@ -33,15 +35,25 @@ def phase(name: str, *roles: str) -> Phase:
 class Residency:
     """Which roles' states are on their devices; moves them as phases require and reports the bytes."""
 
-    def __init__(self, clusters: dict[str, Cluster], devices: dict[str, list[int]]) -> None:
+    def __init__(
+        self, clusters: dict[str, Cluster], devices: dict[str, list[int]], unmoved: frozenset[str] = frozenset()
+    ) -> None:
         self.clusters = clusters
         self.devices = {name: set(devices.get(name, [])) for name in clusters}
         self.resident = set(clusters)
+        self.unmoved = unmoved  # roles whose offload moves nothing: tracked, never called
 
     @classmethod
     def of_roles(cls, clusters: dict[str, Cluster], roles: dict[str, WorkerConfig]) -> Residency:
-        """The residency of `clusters`, each on the devices its role's config maps it to."""
-        return cls(clusters, {name: role.devices for name, role in roles.items()})
+        """The residency of `clusters`, each on the devices its role's config maps it to; asks each role that can be
+        offloaded whether its offload moves anything."""
+        asked = {
+            name: c.offload_moves_states(blocking=False)
+            for name, c in clusters.items()
+            if hasattr(c, "offload_moves_states")  # strategy workers: a reward function's worker holds no states
+        }
+        unmoved = frozenset(set(clusters) - {name for name, moves in asked.items() if any(moves.get())})
+        return cls(clusters, {name: role.devices for name, role in roles.items()}, unmoved)
 
     def _shares_devices(self, role: str, others: frozenset[str]) -> bool:
         return any(self.devices[role] & self.devices[o] for o in others if o in self.devices and o != role)
@@ -58,7 +70,7 @@ class Residency:
         prefix = f"phase/{phase.name}"
         metrics: dict[str, float] = {}
         for roles, method in ((leaving, "offload_states"), (arriving, "load_states")):
-            futures = {r: getattr(self.clusters[r], method)(blocking=False) for r in roles}
+            futures = {r: getattr(self.clusters[r], method)(blocking=False) for r in roles if r not in self.unmoved}
             for role, future in futures.items():
                 reports = future.get()
                 moved += sum(v for report in reports for k, v in report.items() if "/moved_bytes/" in k)
