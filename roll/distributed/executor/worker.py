@@ -14,6 +14,7 @@ from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.platforms import current_platform
+from roll.third_party.deepspeed.op_builds import use_environment_builds
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -43,6 +44,7 @@ class Worker:
         # Read now: roles sharing a process (worker_host.py) each have their own rendezvous in the same environment.
         self.master = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0))
         self.platform = current_platform()
+        use_environment_builds()  # this process's environment, on whichever node it runs
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
         self.compute_seconds = 0.0  # time spent inside @register-ed methods
         pid_dir = os.environ.get("ROLL_PID_DIR")
