@@ -27,6 +27,7 @@ import roll
 from roll.platforms import PLATFORM_ENV, Platform, current_platform, detect_platform
 from roll.platforms.cpu import cpu_model_name, parse_cpu_flags
 from roll.platforms.platform import DtypeName
+from roll.third_party.deepspeed.op_builds import use_environment_builds
 
 if TYPE_CHECKING:
     from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
@@ -247,13 +248,7 @@ def op_status(
         return f"built ({built})"
     if not builder.is_compatible(verbose=False):
         return f"not compatible: {builder.error_log or 'DeepSpeed gives no reason'}"
-    status = "not built; compatible: DeepSpeed builds it on first use"
-    # scripts/setup_env.sh builds the ops into <venv>/torch_extensions; a shell that did not source it
-    # looks in torch's default instead, and a run from it would build them again.
-    venv_root = Path(sys.prefix) / "torch_extensions"
-    if "TORCH_EXTENSIONS_DIR" not in os.environ and (venv_root / builder.name / f"{builder.name}.so").exists():
-        status += f"; built in {venv_root} (source scripts/setup_env.sh to use that)"
-    return status
+    return "not built; compatible: DeepSpeed builds it on first use"
 
 
 def deepspeed_ops_section() -> dict[str, str]:
@@ -264,6 +259,7 @@ def deepspeed_ops_section() -> dict[str, str]:
     from deepspeed.git_version_info import installed_ops
 
     accelerator = get_accelerator()
+    use_environment_builds()  # where roll's runs look: this environment's builds unless a directory was chosen
     root, why = torch_extensions_root()
     section = {"accelerator": accelerator._name, "extensions dir": f"{root} ({why})"}
     for label, builder_name in DEEPSPEED_OPS:
