@@ -36,7 +36,6 @@ from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_pipeline import RMPipeline
 from roll.pipeline.sft.sft_config import SFTConfig
 from roll.pipeline.sft.sft_pipeline import SFTPipeline
-from roll.third_party.deepspeed.op_builds import use_environment_builds
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "examples" / "config"
 
@@ -67,7 +66,6 @@ def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
     of the config directories must parse first: a config error naming the file and line otherwise.
     """
     entry = ENTRIES[name]
-    use_environment_builds()  # before Ray starts: its workers inherit the variable
     try:
         check_yaml_files([config_dir, *config_dirs_given(sys.argv[1:])])
     except ConfigError as exc:

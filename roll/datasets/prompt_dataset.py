@@ -10,8 +10,9 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -21,9 +22,6 @@ from roll.datasets.arithmetic import Problem, arithmetic_problems, two_step_prob
 from roll.datasets.chat_format import format_prompt, use_chat_template
 from roll.datasets.sources import Source, quiet_progress, read_table, to_conversations
 from roll.distributed.scheduler.protocol import DataProto
-
-if TYPE_CHECKING:
-    import datasets
 
 logger = logging.getLogger(__name__)
 BUILT_IN = "the built-in arithmetic task"
@@ -83,8 +81,6 @@ def task_table(data: DataArguments) -> Callable[[Sequence[Problem]], datasets.Da
 
 def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
     """`problems` as a table of roll's columns (a one-turn conversation each)."""
-    import datasets
-
     return datasets.Dataset.from_list(
         [
             {
@@ -328,17 +324,6 @@ def make_sampler(
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id used for padding (the EOS id when the tokenizer has no pad token)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-
-def response_texts(tokenizer: PreTrainedTokenizerBase, batch: DataProto) -> list[str]:
-    """Each row's response decoded from the tokens its `response_mask` covers, special tokens (EOS) dropped.
-
-    The mask, not a pad id, says where a response ends: the padding after it is the generating engine's
-    pad id, which may be an EOS or not this tokenizer's pad.
-    """
-    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
-    rows = [row[keep].tolist() for row, keep in zip(responses, mask, strict=True)]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 def encode_demonstrations(examples: Sequence[Example], pad_id: int) -> DataProto:

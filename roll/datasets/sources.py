@@ -18,15 +18,12 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import datasets
 
 from roll.configs.data_config import DEFAULT_DOMAIN, DEFAULT_DOMAIN_KEY, DataArguments
 from roll.configs.schema import ConfigError
-
-# `datasets` (with pandas and pyarrow, a second or two of imports) is imported where a table is read: processes
-# that only decode responses, as reward workers do, never need it.
-if TYPE_CHECKING:
-    import datasets
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ROLES = ("system", "user", "assistant")
@@ -113,8 +110,6 @@ def record_lines(path: Path) -> list[int] | None:
 
 def _row_count(path: Path) -> int:
     """The rows of a data file without lines (see `record_lines`)."""
-    import datasets
-
     if path.is_dir():
         return len(datasets.load_from_disk(str(path)))
     if path.suffix.lower() == ".parquet":
@@ -171,8 +166,6 @@ _KINDS = {str: "text", int: "a number", float: "a number", bool: "a boolean", li
 @contextmanager
 def quiet_progress() -> Iterator[None]:
     """`datasets` without its progress bars (one per map and split; the pipeline shows its own progress)."""
-    import datasets
-
     enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
@@ -184,8 +177,6 @@ def quiet_progress() -> Iterator[None]:
 
 def read_table(source: Source) -> datasets.Dataset:
     """The rows of `source`'s files: one file, several files of one format, or a `save_to_disk` directory."""
-    import datasets
-
     paths = [Path(f) for f in source.files]
     for path in paths:
         if not path.exists():
@@ -233,16 +224,12 @@ def _blank(path: Path) -> bool:
 
 def _text_columns(path: Path) -> datasets.Features:
     """Every column of the CSV file `path` (named by its header row) as text."""
-    import datasets
-
     with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a BOM (Excel) is not part of the first name
         header = next(csv.reader(f), [])
     return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _from_disk(path: Path, source: Source) -> datasets.Dataset:
-    import datasets
-
     try:
         table = datasets.load_from_disk(str(path))
     except FileNotFoundError as exc:
@@ -263,8 +250,6 @@ def check_text_columns(table: datasets.Dataset, source: Source, columns: Collect
     """Each of the text `columns` (answers, responses) holds one type of value in every row, else a ConfigError
     naming the first row that differs: `datasets` reads a column of mixed types as JSON values, decoding the text
     that looks like JSON ("007" would become 7). Prompts and labels may mix types: each row is read on its own."""
-    import datasets
-
     mixed = [c for c in columns if isinstance(table.features.get(c), datasets.Json)]
     if not mixed:
         return
@@ -276,8 +261,6 @@ def check_text_columns(table: datasets.Dataset, source: Source, columns: Collect
 
 def to_conversations(table: datasets.Dataset, data: DataArguments, source: Source) -> datasets.Dataset:
     """`table` mapped onto roll's columns through `data.prompt_key`, `data.answer_key` and `data.domain_key`."""
-    import datasets
-
     columns = table.column_names
 
     def missing(key: str, setting: str) -> ConfigError:
@@ -311,8 +294,6 @@ def to_conversations(table: datasets.Dataset, data: DataArguments, source: Sourc
 
 
 def _is_conversation(feature: Any) -> bool:
-    import datasets
-
     inner = getattr(feature, "feature", None)
     # LargeList: parquet written with 64-bit offsets (polars' default) reads as one.
     is_list = isinstance(feature, (datasets.List, datasets.LargeList))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from roll.configs.worker_config import GeneratingArguments
-from roll.datasets.prompt_dataset import response_texts
+from roll.datasets.responses import response_texts
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches
 from roll.distributed.strategy.response_scores import LOG_PROB_TEMPERATURE

@@ -9,7 +9,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from roll.configs.worker_config import GeneratingArguments
-from roll.datasets.prompt_dataset import Example, encode_prompts, response_texts
+from roll.datasets.prompt_dataset import Example, encode_prompts
+from roll.datasets.responses import response_texts
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.rewards.functions import math_reward

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from roll.algorithms.process_reward_losses import step_rewards
-from roll.datasets.prompt_dataset import response_texts
+from roll.datasets.responses import response_texts
 from roll.datasets.step_dataset import response_step_ends, separator_ids
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register

@@ -6,7 +6,7 @@ import multiprocessing
 
 import torch
 
-from roll.datasets.prompt_dataset import response_texts
+from roll.datasets.responses import response_texts
 from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
