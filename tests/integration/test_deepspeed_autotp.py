@@ -23,7 +23,13 @@ from roll.distributed.weight_sync.plan import devices_per_worker, plan_weight_sy
 from roll.models.tiny import build_char_tokenizer
 from roll.platforms import get_platform
 from tests.integration import test_deepspeed_strategy as deepspeed_roles
-from tests.integration.test_deepspeed_strategy import resume_losses, start_role, train_losses, zero_block
+from tests.integration.test_deepspeed_strategy import (
+    checkpointed_run,
+    resumed_losses,
+    start_role,
+    train_losses,
+    zero_block,
+)
 from tests.strategy_workers import next_token_log_probs
 
 pytestmark = pytest.mark.slow
@@ -97,9 +103,10 @@ def test_tp2_trains_like_one_rank_and_exports_full_weights(
 def test_tp2_checkpoint_resumes_with_the_same_losses(
     resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
 ) -> None:
-    uninterrupted, resumed = resume_losses(resource_manager, model_path, batch, autotp_block(1), tmp_path)
-    assert resumed == pytest.approx(uninterrupted, rel=1e-6)
-    model_states = sorted(p.name for p in (tmp_path / "step2" / "state").glob("mp_rank_*"))
+    run = checkpointed_run(resource_manager, model_path, batch, autotp_block(1), tmp_path)
+    resumed = resumed_losses(resource_manager, model_path, batch, autotp_block(1), run.checkpoint_dir)
+    assert resumed == pytest.approx(run.losses[2:], rel=1e-6)
+    model_states = sorted(p.name for p in (run.checkpoint_dir / "step2" / "state").glob("mp_rank_*"))
     assert model_states == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # one per tensor-parallel rank
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,9 @@ from tests.strategy_workers import next_token_log_probs
 WORKER = "tests.strategy_workers.StrategyWorker"
 BLOCKS = {p.stem: yaml.safe_load(p.read_text())[p.stem] for p in sorted(CONFIG_DIR.glob("deepspeed_zero*.yaml"))}
 pytestmark = pytest.mark.slow
+# Rank 0 holds rows 0-7 and rank 1 rows 8-15, and each optimizer step takes 4 of each: in this order one rank with
+# twice the accumulation sees the same 8 rows a step.
+SAME_STEPS_ON_ONE_RANK = [*range(0, 4), *range(8, 12), *range(4, 8), *range(12, 16)]
 
 
 def zero_block(stage: int) -> dict:
@@ -152,20 +156,26 @@ def fp32_losses(resource_manager: ResourceManager, model_path: str, batch: DataP
 
 
 def test_same_losses_at_every_zero_stage_in_fp32(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, fp32_losses: list[float]
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    fp32_losses: list[float],
+    zero2_run: CheckpointedRun,
+    zero3_run: CheckpointedRun,
 ) -> None:
     assert fp32_losses[-1] < fp32_losses[0]  # it learns
-    for stage in (1, 2, 3):
-        losses = run_stage(resource_manager, model_path, batch, stage, "fp32")
+    # Stages 2 and 3 come from the checkpointed runs, whose third step follows the save (and, at stage 3, the
+    # log-probs and the export): none of them may change what the next step computes.
+    stage_1 = run_stage(resource_manager, model_path, batch, 1, "fp32")
+    for stage, losses in ((1, stage_1), (2, zero2_run.losses[:3]), (3, zero3_run.losses[:3])):
         assert losses == pytest.approx(fp32_losses, rel=1e-5), f"stage {stage}: {losses} vs {fp32_losses}"
     checkpointed = run_stage(resource_manager, model_path, batch, 2, "fp32", gradient_checkpointing=True)
     assert checkpointed == pytest.approx(fp32_losses, rel=1e-5)
-    # One rank with twice the accumulation, its rows ordered so that each optimizer step sees the 8 rows the two
-    # ranks' step saw (rank 0 holds rows 0-7, rank 1 rows 8-15; a step takes 4 of each). Alone, it skips DeepSpeed's
-    # stage-0 gradient all-reduce (a flattened copy of every gradient) and loses nothing.
-    order = [*range(0, 4), *range(8, 12), *range(4, 8), *range(12, 16)]
-    same_steps = DataProto.from_dict(tensors={key: value[order] for key, value in batch.batch.items()})
-    alone = run_stage(resource_manager, model_path, same_steps, 0, "fp32", devices="0", accumulation=4)
+    # One rank alone skips DeepSpeed's stage-0 gradient all-reduce (a flattened copy of every gradient) and loses
+    # nothing.
+    alone = run_stage(
+        resource_manager, model_path, batch[SAME_STEPS_ON_ONE_RANK], 0, "fp32", devices="0", accumulation=4
+    )
     assert alone == pytest.approx(fp32_losses, rel=1e-5)
 
 
@@ -197,73 +207,92 @@ def test_offload_blocks_train(
     assert losses[-1] < losses[0] - 0.1, losses
 
 
-def resume_losses(
-    manager: ResourceManager, model_path: str, batch: DataProto, block: dict, save_dir: Path
-) -> tuple[list[float], list[float]]:
-    """Two train calls' losses after a checkpoint in `save_dir`: in the run that wrote it and in one resumed from it."""
+@dataclass(frozen=True)
+class CheckpointedRun:
+    """Four train calls of one cluster; after the second, a checkpoint (tag step2), the log-probs of the batch and an
+    HF export."""
+
+    losses: list[float]
+    checkpoint_dir: Path
+    log_probs: torch.Tensor
+    export_dir: Path
+
+
+def checkpointed_run(
+    manager: ResourceManager, model_path: str, batch: DataProto, block: dict, out: Path
+) -> CheckpointedRun:
+    """Train `block` two calls, save, score and export into `out`, then train two more calls."""
     cluster = start_role(manager, model_path, block)
     try:
-        train_losses(cluster, batch, 2)
-        assert cluster.save_checkpoint(str(save_dir), "step2") == [str(save_dir / "step2")] * 2
-        uninterrupted = train_losses(cluster, batch, 2)
+        losses = train_losses(cluster, batch, 2)
+        assert cluster.save_checkpoint(str(out / "checkpoints"), "step2") == [str(out / "checkpoints" / "step2")] * 2
+        log_probs = cluster.log_probs(batch).batch["log_probs"]
+        cluster.export_hf(str(out / "hf"))
+        losses += train_losses(cluster, batch, 2)
     finally:
         cluster.shutdown()
-    resumed_cluster = start_role(manager, model_path, block)
+    return CheckpointedRun(losses, out / "checkpoints", log_probs, out / "hf")
+
+
+def resumed_losses(
+    manager: ResourceManager, model_path: str, batch: DataProto, block: dict, checkpoint_dir: Path, **options: object
+) -> list[float]:
+    """Two train calls' losses of a new cluster loaded from `checkpoint_dir`'s latest checkpoint."""
+    cluster = start_role(manager, model_path, block, **options)
     try:
-        resumed_cluster.load_checkpoint(str(save_dir))
-        resumed = train_losses(resumed_cluster, batch, 2)
+        cluster.load_checkpoint(str(checkpoint_dir))
+        return train_losses(cluster, batch, 2)
     finally:
-        resumed_cluster.shutdown()
-    return uninterrupted, resumed
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def zero2_run(
+    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+) -> CheckpointedRun:
+    return checkpointed_run(resource_manager, model_path, batch, zero_block(2), tmp_path_factory.mktemp("zero2"))
+
+
+@pytest.fixture(scope="module")
+def zero3_run(
+    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+) -> CheckpointedRun:
+    return checkpointed_run(resource_manager, model_path, batch, zero_block(3), tmp_path_factory.mktemp("zero3"))
 
 
 def test_save_then_load_continues_exactly(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+    resource_manager: ResourceManager, model_path: str, batch: DataProto, zero2_run: CheckpointedRun
 ) -> None:
-    uninterrupted, resumed = resume_losses(resource_manager, model_path, batch, zero_block(2), tmp_path)
-    assert resumed == pytest.approx(uninterrupted, rel=1e-6)
+    resumed = resumed_losses(resource_manager, model_path, batch, zero_block(2), zero2_run.checkpoint_dir)
+    assert resumed == pytest.approx(zero2_run.losses[2:], rel=1e-6)
 
 
 def test_two_rank_checkpoint_resumes_on_one_rank(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+    resource_manager: ResourceManager, model_path: str, batch: DataProto, zero3_run: CheckpointedRun
 ) -> None:
-    cluster = start_role(resource_manager, model_path, zero_block(3))
-    try:
-        train_losses(cluster, batch, 2)
-        cluster.save_checkpoint(str(tmp_path), "step2")
-        uninterrupted = train_losses(cluster, batch, 2)
-    finally:
-        cluster.shutdown()
     # One rank keeps the global batch (micro 2 x accumulation 4 x 1 rank = 2 x 2 x 2 ranks) and, with
     # rows reordered, each optimizer step sees the rows the two ranks saw together.
-    single = start_role(resource_manager, model_path, zero_block(3), devices="0", accumulation=4)
-    same_steps = batch[[0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]]
-    try:
-        single.load_checkpoint(str(tmp_path))
-        resumed = train_losses(single, same_steps, 2)
-    finally:
-        single.shutdown()
-    assert resumed == pytest.approx(uninterrupted, rel=1e-4)
+    resumed = resumed_losses(
+        resource_manager,
+        model_path,
+        batch[SAME_STEPS_ON_ONE_RANK],
+        zero_block(3),
+        zero3_run.checkpoint_dir,
+        devices="0",
+        accumulation=4,
+    )
+    assert resumed == pytest.approx(zero3_run.losses[2:], rel=1e-4)
 
 
-def test_hf_export_loads_with_equal_logits(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
-) -> None:
-    cluster = start_role(resource_manager, model_path, zero_block(3))
-    try:
-        train_losses(cluster, batch, 2)
-        strategy_log_probs = cluster.log_probs(batch).batch["log_probs"]
-        cluster.export_hf(str(tmp_path / "hf"))
-    finally:
-        cluster.shutdown()
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+def test_hf_export_loads_with_equal_logits(model_path: str, batch: DataProto, zero3_run: CheckpointedRun) -> None:
+    exported = AutoModelForCausalLM.from_pretrained(zero3_run.export_dir, dtype=torch.float32)
     inputs = {k: batch.batch[k] for k in ("input_ids", "attention_mask")}
     position_ids = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         logits = exported(**inputs, position_ids=position_ids).logits
     mask = inputs["attention_mask"][:, 1:].bool()
     exported_log_probs = next_token_log_probs(logits, inputs["input_ids"])
-    assert torch.allclose(exported_log_probs[mask], strategy_log_probs[mask], atol=1e-5)
+    assert torch.allclose(exported_log_probs[mask], zero3_run.log_probs[mask], atol=1e-5)
     original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     assert not torch.equal(original.lm_head.weight, exported.lm_head.weight)  # the trained weights were exported
 
