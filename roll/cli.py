@@ -21,41 +21,46 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import check_yaml_files
 from roll.configs.schema import ConfigError, exit_on_config_error
 from roll.pipeline.base.entry import run_pipeline
-from roll.pipeline.base.pipeline_config import PipelineConfig
-from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
-from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
-from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
-from roll.pipeline.diffusion.reward_fl_pipeline import RewardFLPipeline
-from roll.pipeline.distill.distill_config import DistillConfig
-from roll.pipeline.distill.distill_pipeline import DistillPipeline
-from roll.pipeline.dpo.dpo_config import DPOConfig
-from roll.pipeline.dpo.dpo_pipeline import DPOPipeline
-from roll.pipeline.rlvr.rlvr_config import RLVRConfig
-from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-from roll.pipeline.rm.rm_config import RMConfig
-from roll.pipeline.rm.rm_pipeline import RMPipeline
-from roll.pipeline.sft.sft_config import SFTConfig
-from roll.pipeline.sft.sft_pipeline import SFTPipeline
+from roll.utils.imports import import_object
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "examples" / "config"
 
 
 class Entry(NamedTuple):
-    """A pipeline as a command: its schema, its driver and the YAML it composes by default."""
+    """A pipeline as a command: its schema, its driver (dotted paths, imported only for the command that runs them:
+    each pipeline's modules cost a driver seconds of imports) and the YAML it composes by default."""
 
-    schema: type[PipelineConfig]
-    pipeline_cls: type
+    schema: str
+    pipeline_cls: str
     config_name: str
 
 
 ENTRIES = {
-    "rlvr": Entry(RLVRConfig, RLVRPipeline, "rlvr_arithmetic"),
-    "sft": Entry(SFTConfig, SFTPipeline, "sft_arithmetic"),
-    "dpo": Entry(DPOConfig, DPOPipeline, "dpo_arithmetic"),
-    "rm": Entry(RMConfig, RMPipeline, "rm_arithmetic"),
-    "distill": Entry(DistillConfig, DistillPipeline, "distill_arithmetic"),
-    "reward_fl": Entry(RewardFLConfig, RewardFLPipeline, "reward_fl_shapes"),
-    "cluster_check": Entry(ClusterCheckConfig, ClusterCheckPipeline, "cluster_check"),
+    "rlvr": Entry(
+        "roll.pipeline.rlvr.rlvr_config.RLVRConfig", "roll.pipeline.rlvr.rlvr_pipeline.RLVRPipeline", "rlvr_arithmetic"
+    ),
+    "sft": Entry(
+        "roll.pipeline.sft.sft_config.SFTConfig", "roll.pipeline.sft.sft_pipeline.SFTPipeline", "sft_arithmetic"
+    ),
+    "dpo": Entry(
+        "roll.pipeline.dpo.dpo_config.DPOConfig", "roll.pipeline.dpo.dpo_pipeline.DPOPipeline", "dpo_arithmetic"
+    ),
+    "rm": Entry("roll.pipeline.rm.rm_config.RMConfig", "roll.pipeline.rm.rm_pipeline.RMPipeline", "rm_arithmetic"),
+    "distill": Entry(
+        "roll.pipeline.distill.distill_config.DistillConfig",
+        "roll.pipeline.distill.distill_pipeline.DistillPipeline",
+        "distill_arithmetic",
+    ),
+    "reward_fl": Entry(
+        "roll.pipeline.diffusion.reward_fl_config.RewardFLConfig",
+        "roll.pipeline.diffusion.reward_fl_pipeline.RewardFLPipeline",
+        "reward_fl_shapes",
+    ),
+    "cluster_check": Entry(
+        "roll.pipeline.cluster_check.cluster_check_config.ClusterCheckConfig",
+        "roll.pipeline.cluster_check.cluster_check_pipeline.ClusterCheckPipeline",
+        "cluster_check",
+    ),
 }
 
 
@@ -70,10 +75,11 @@ def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
         check_yaml_files([config_dir, *config_dirs_given(sys.argv[1:])])
     except ConfigError as exc:
         exit_on_config_error(exc)
-    register_schema_defaults(name, entry.schema)
+    schema, pipeline_cls = import_object(entry.schema, name), import_object(entry.pipeline_cls, name)
+    register_schema_defaults(name, schema)
 
     def task(cfg: DictConfig) -> None:
-        run_pipeline(cfg, entry.schema, entry.pipeline_cls)
+        run_pipeline(cfg, schema, pipeline_cls)
 
     hydra.main(config_path=str(config_dir), config_name=entry.config_name, version_base=None)(task)()
 
