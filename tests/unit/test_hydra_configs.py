@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from roll.cli import ENTRIES
 from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import load_pipeline_config, yaml_names
 from roll.configs.schema import ConfigError
@@ -19,6 +20,7 @@ from roll.envs.builtin.arithmetic import tool_use_rows
 from roll.envs.builtin.frozen_lake import noisy_expert_rows
 from roll.envs.builtin.guess_number import bisection_rows
 from roll.models.model_providers import load_tokenizer
+from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
@@ -27,6 +29,7 @@ from roll.pipeline.dpo.dpo_config import DPOConfig
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.sft.sft_config import SFTConfig
+from roll.utils.imports import import_object
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 DEEPSPEED_BLOCKS = sorted(p.stem for p in CONFIG_DIR.glob("deepspeed_zero*.yaml"))
@@ -83,6 +86,14 @@ def compose_config(name: str, overrides: list[str] | None = None, config_dir: Pa
 def load_config(name: str, overrides: list[str]) -> PipelineConfig:
     """Pipeline YAML `name` with `overrides`, composed and converted into its validated schema (as an entry does)."""
     return load_pipeline_config(compose_config(name, overrides), PIPELINE_SCHEMAS[name], yaml_names([CONFIG_DIR]))
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_each_entry_point_names_a_schema_a_pipeline_and_a_yaml_of_that_schema(name: str) -> None:
+    entry = ENTRIES[name]
+    schema = import_object(entry.schema, name)
+    assert schema is SCHEMA_NODES[name] and PIPELINE_SCHEMAS[entry.config_name] is schema
+    assert issubclass(import_object(entry.pipeline_cls, name), BasePipeline)
 
 
 def test_the_five_deepspeed_blocks_exist() -> None:
