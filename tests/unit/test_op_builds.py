@@ -26,3 +26,17 @@ def test_the_environments_builds_are_used_unless_a_directory_was_chosen(
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/chosen")
     use_environment_builds()
     assert os.environ["TORCH_EXTENSIONS_DIR"] == "/chosen"
+
+
+def test_the_environments_ninja_comes_first_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A system ninja records other command hashes than the environment's, so finding it first rebuilt every op."""
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    use_environment_builds()
+    assert os.environ["PATH"] == "/usr/bin:/bin"  # no ninja in this environment: PATH is left alone
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ninja").touch()
+    use_environment_builds()
+    use_environment_builds()  # idempotent: not prepended twice
+    assert os.environ["PATH"] == os.pathsep.join([str(tmp_path / "bin"), "/usr/bin", "/bin"])
