@@ -113,7 +113,8 @@ def sample(run: subprocess.Popen, baseline_used: int, pid_dir: Path) -> Sampled:
                 continue
             method = title.partition(".")[2] if title.startswith("ray::") else ""
             if method and label in labels.values():
-                key = (label.split("/")[0], method)
+                # A shared process runs every call through WorkerHost.call: its roles together name it.
+                key = ("+".join(member.split("/")[0] for member in label.split(" + ")), method)
                 sampled.method_peak[key] = max(sampled.method_peak[key], pss)
         for label, pss in others.items():
             sampled.process_peak[label] = max(sampled.process_peak[label], pss)
@@ -160,13 +161,14 @@ def run_size(size: str, steps: int, overrides: list[str], output_dir: Path) -> t
 
 
 def estimated(size: str, overrides: list[str]) -> tuple[int, dict[str, int], str]:
-    """The dry run's node estimate of the same run: total, per-process peaks by role/rank, its largest term."""
+    """The dry run's node estimate of the same run: total, each worker process's peak (by its ranks' `role/rank`s,
+    joined by ` + ` where roles share a process, as `_worker_pids` labels it), its largest term."""
     register_schema_defaults("rlvr", RLVRConfig)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(CONFIG_NAME, overrides=[f"pretrain='{SIZES[size]}'", *overrides])
     config = load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))
     node = estimate_nodes(config)[0]
-    return node.total, {p.label: p.peak for p in node.processes}, node.largest_term
+    return node.total, node.process_peaks(), node.largest_term
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,10 +39,11 @@ def recipe(*overrides: str) -> RLVRConfig:
 
 def test_the_node_sums_every_process_and_adds_one_roles_peak_phase() -> None:
     [node] = estimate_nodes(recipe(), host_memory=24 * GiB)
-    labels = [p.label for p in node.processes]
-    shared = "(in actor_train/0's process)"
-    assert labels == ["actor_train/0", f"actor_infer/0 {shared}", f"reference/0 {shared}", "rewards.math/0"]
+    assert [p.label for p in node.processes] == ["actor_train/0", "actor_infer/0", "reference/0", "rewards.math/0"]
+    assert [p.process for p in node.processes] == ["actor_train/0"] * 3 + ["rewards.math/0"]
     train, infer, reference, reward = node.processes
+    shared = "(in actor_train/0's process)"
+    assert f"actor_infer/0 {shared}: runtime" in "\n".join(node.lines())
     # The three colocated roles share one process (share_worker_processes): one runtime, the trainer's.
     assert train.runtime == RUNTIME_BYTES["train"] and infer.runtime == reference.runtime == 0
     # fp32 ZeRO-0: weights, gradients and Adam's two moments, 4 + 4 + 8 bytes a parameter (494M, tied).
@@ -58,6 +59,14 @@ def test_the_node_sums_every_process_and_adds_one_roles_peak_phase() -> None:
     assert node.total == steady + train.phase_peak
     assert sum(node.terms().values()) == node.total
     assert node.largest_term.startswith("actor_train Adam m+v 3.68 GiB")
+    # Per OS process: the three roles' runtimes and states add up, and the largest of their phases comes on top.
+    assert node.process_peaks() == {
+        "actor_infer/0 + actor_train/0 + reference/0": train.runtime
+        + train.resident
+        + infer.resident
+        + max(train.phase_peak, infer.phase_peak, reference.phase_peak),
+        "rewards.math/0": reward.peak,
+    }
     assert not node.over and node.budget == int(0.95 * 24 * GiB)
 
 

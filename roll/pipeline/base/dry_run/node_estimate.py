@@ -53,7 +53,8 @@ SYNCED_ROLES = ("actor_infer",)
 
 @dataclass(frozen=True)
 class ProcessEstimate:
-    """One worker process: `label` is `role/rank`; `rank` is None for a process without a model (reward, env)."""
+    """One rank of a role in a worker process: `label` is `role/rank`; `rank` is None for a role without a model
+    (reward, env); `process` is the `role/rank` owning the OS process (its own label unless it shares one)."""
 
     label: str
     role: str
@@ -61,6 +62,7 @@ class ProcessEstimate:
     rank: RankEstimate | None
     mapped: int = 0  # weights held as pages of the checkpoint file (see the module's docstring)
     model: str = ""
+    process: str = ""
 
     @property
     def resident(self) -> int:
@@ -115,6 +117,18 @@ class NodeEstimate:
         steady = sum(p.runtime + p.resident for p in self.processes)
         return self.base + steady + sum(added[role] for role in self.peak_roles)
 
+    def process_peaks(self) -> dict[str, int]:
+        """Each worker process's own peak, keyed by its ranks' labels joined with ` + `: roles sharing a process take
+        turns on it, so their runtimes and resident states add up and only the largest of their phases does."""
+        members: dict[str, list[ProcessEstimate]] = defaultdict(list)
+        for process in self.processes:
+            members[process.process or process.label].append(process)
+        return {
+            " + ".join(sorted(p.label for p in group)): sum(p.runtime + p.resident for p in group)
+            + max(p.phase_peak for p in group)
+            for group in members.values()
+        }
+
     @property
     def over(self) -> bool:
         """Whether the estimate exceeds the budget."""
@@ -158,9 +172,10 @@ class NodeEstimate:
                 f"{self.page_cache / GiB:.2f} GiB"
             )
         for process in self.processes:
+            shared = f" (in {process.process}'s process)" if process.process not in ("", process.label) else ""
             lines.append(
-                f"  {process.label}: runtime {process.runtime / GiB:.2f} + resident {process.resident / GiB:.2f}"
-                f" + peak phase {process.phase_peak / GiB:.2f} GiB"
+                f"  {process.label}{shared}: runtime {process.runtime / GiB:.2f} + resident "
+                f"{process.resident / GiB:.2f} + peak phase {process.phase_peak / GiB:.2f} GiB"
             )
         lines.append(f"  the peak adds the phases of: {', '.join(self.peak_roles) or 'no role'}")
         return lines
@@ -214,15 +229,15 @@ def estimate_nodes(
         mapped = _mapped_weights(name, role, rank_estimate)
         owner = owners.get(name, name)
         for placement in placements:
-            shared = "" if owner == name else f" (in {owner}/{placement.rank}'s process)"
             processes[placement.node].append(
                 ProcessEstimate(
-                    f"{name}/{placement.rank}{shared}",
+                    f"{name}/{placement.rank}",
                     name,
                     _runtime(role) if owner == name else 0,
                     rank_estimate,
                     mapped,
                     role.model_args.model_name_or_path if mapped else "",
+                    f"{owner}/{placement.rank}",
                 )
             )
     budget = int(host * RAY_KILL_FRACTION)
