@@ -84,13 +84,22 @@ def onednn_supports_fp16() -> bool:
 
 
 @functools.cache
-def cpu_model_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else the machine architecture."""
+def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name from `cpuinfo` with its family and model numbers (VMs may show only "AMD EPYC", and
+    machines so named here differ twofold in speed), else the machine architecture."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return os.uname().machine
+    name = fields.get("model name")
+    if not name:
+        return os.uname().machine
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name

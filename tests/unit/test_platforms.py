@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from roll.platforms import current_platform, get_platform
+from roll.platforms.cpu import cpu_model_name
 
 
 @pytest.mark.parametrize(
@@ -124,3 +128,17 @@ def test_cuda_auto_dtype_is_bf16_where_the_gpu_has_it(monkeypatch: pytest.Monkey
     assert get_platform("cuda").preferred_dtype() == "fp32"  # never fp16: its loss scaling changes training
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert get_platform("cuda").preferred_dtype() == "bf16"
+
+
+def test_cpu_model_name_keeps_the_family_and_model_a_vm_leaves(tmp_path: Path) -> None:
+    """Two machines both named "AMD EPYC" here differed twofold in speed: benchmark rows name the family too."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n\n"
+        "processor\t: 1\ncpu family\t: 23\nmodel\t\t: 49\nmodel name\t: other\n"
+    )
+    assert cpu_model_name(str(cpuinfo)) == "AMD EPYC (family 25, model 17)"
+    plain = tmp_path / "cpuinfo-without-family"  # another path: the answer is cached per path
+    plain.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert cpu_model_name(str(plain)) == "Some CPU"
+    assert cpu_model_name(str(tmp_path / "missing")) == os.uname().machine
