@@ -7,7 +7,8 @@ the CPU's bf16 instruction sets from /proc/cpuinfo. `auto` takes bf16 only where
 
     python benchmarks/precision.py [--model small|medium] [--threads N] [--rows 8] [--write-docs]
 
-`--write-docs` rewrites this model's block of docs/performance.md.
+`--write-docs` rewrites this model's block of docs/performance.md: the one for CPUs with bf16 instructions or the one
+for CPUs without, whichever this machine is.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from benchmarks.compare_trl import MODELS, PROMPTS, SAMPLES  # noqa: E402
 from benchmarks.compute_floor import PROMPT_TOKENS, gemm_rate  # noqa: E402
 
 DOC = REPO_ROOT / "docs" / "performance.md"
-BLOCKS = tuple(f"precision-{model}" for model in sorted(MODELS))
+# A CPU with bf16 instructions and one without each keep their own table (`-bf16` for the first).
+BLOCKS = tuple(f"precision-{model}{suffix}" for model in sorted(MODELS) for suffix in ("", "-bf16"))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -102,7 +104,10 @@ def main() -> None:
     command = doc_tables.command_line(__file__, sys.argv[1:])
     print(f"{doc_tables.provenance(command)}\n\n" + "\n".join(lines))
     if args.write_docs:
-        doc_tables.write_block(DOC, f"precision-{args.model}", command, "\n".join(lines))
+        from roll.platforms.cpu import NATIVE_BF16_FLAGS, cpu_flags
+
+        suffix = "-bf16" if NATIVE_BF16_FLAGS & cpu_flags() else ""
+        doc_tables.write_block(DOC, f"precision-{args.model}{suffix}", command, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -160,15 +160,16 @@ def run_size(size: str, steps: int, overrides: list[str], output_dir: Path) -> t
     return holder[0], time.monotonic() - started, sum(steps[1:] or steps) / len(steps[1:] or steps)
 
 
-def estimated(size: str, overrides: list[str]) -> tuple[int, dict[str, int], str]:
+def estimated(size: str, overrides: list[str]) -> tuple[int, dict[str, int], str, str]:
     """The dry run's node estimate of the same run: total, each worker process's peak (by its ranks' `role/rank`s,
-    joined by ` + ` where roles share a process, as `_worker_pids` labels it), its largest term."""
+    joined by ` + ` where roles share a process, as `_worker_pids` labels it), its largest term, the actor's dtype
+    (the recipe's `auto` resolved on this machine)."""
     register_schema_defaults("rlvr", RLVRConfig)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(CONFIG_NAME, overrides=[f"pretrain='{SIZES[size]}'", *overrides])
     config = load_pipeline_config(cfg, RLVRConfig, yaml_names([CONFIG_DIR]))
     node = estimate_nodes(config)[0]
-    return node.total, node.process_peaks(), node.largest_term
+    return node.total, node.process_peaks(), node.largest_term, config.actor_train.model_args.dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,12 +185,12 @@ def main() -> None:
     args, overrides = build_parser().parse_known_args()
     rows, details = [], []
     for size in args.sizes:
-        total, per_process, largest = estimated(size, overrides)
+        total, per_process, largest, dtype = estimated(size, overrides)
         with tempfile.TemporaryDirectory() as output_dir:
             sampled, seconds, step_s = run_size(size, args.steps, overrides, Path(output_dir))
         ratio = sampled.node_peak / total
         rows.append(
-            f"| {size} | {sampled.node_peak / GiB:.2f} | {sampled.run_peak / GiB:.2f} | {total / GiB:.2f} | "
+            f"| {size} | {dtype} | {sampled.node_peak / GiB:.2f} | {sampled.run_peak / GiB:.2f} | {total / GiB:.2f} | "
             f"{ratio:.2f} | {largest} | {step_s:.1f} | {seconds:.0f} |"
         )
         details.append(f"\n**{size}** (`{SIZES[size]}`): peak PSS per process, measured / estimated (GiB)\n")
@@ -205,8 +206,8 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     header = (
-        "| size | node peak (GiB, used memory over before) | sum of the run's PSS | estimate | measured / estimate "
-        "| largest term | s/step | run s |\n|---|---:|---:|---:|---:|---|---:|---:|"
+        "| size | dtype | node peak (GiB, used memory over before) | sum of the run's PSS | estimate "
+        "| measured / estimate | largest term | s/step | run s |\n|---|---|---:|---:|---:|---:|---|---:|---:|"
     )
     text = "\n".join([header, *rows, *details])
     print(text)

@@ -17,6 +17,7 @@ from roll.pipeline.base.dry_run.node_estimate import (
     estimate_nodes,
 )
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+from roll.platforms.cpu import CpuPlatform
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 from tests.unit.test_hydra_configs import compose_config
 
@@ -33,8 +34,12 @@ EIGHT_RANKS = [
 ]
 
 
+# The recipe's `dtype: auto` is bf16 or fp32 by the CPU: the sums below are fp32's, whichever machine runs them.
+FP32 = [f"{role}.model_args.dtype=fp32" for role in ("actor_train", "actor_infer", "reference")]
+
+
 def recipe(*overrides: str) -> RLVRConfig:
-    return load_pipeline_config(compose_config(RECIPE, list(overrides)), RLVRConfig, yaml_names([CONFIG_DIR]))
+    return load_pipeline_config(compose_config(RECIPE, [*FP32, *overrides]), RLVRConfig, yaml_names([CONFIG_DIR]))
 
 
 def test_the_node_sums_every_process_and_adds_one_roles_peak_phase() -> None:
@@ -125,3 +130,14 @@ def test_roles_in_processes_of_their_own_each_pay_a_runtime() -> None:
     [apart] = estimate_nodes(recipe("share_worker_processes=false"), host_memory=24 * GiB)
     assert [p.label for p in apart.processes] == ["actor_train/0", "actor_infer/0", "reference/0", "rewards.math/0"]
     assert apart.total - shared.total == 2 * RUNTIME_BYTES["infer"]
+
+
+def test_the_recipe_trains_in_bf16_only_on_cpus_that_compute_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dtype: auto` in the recipe: bf16 (with DeepSpeed's fp32 master copy, estimated) where the CPU has bf16
+    instructions, fp32 (no master copy at stage 0) elsewhere."""
+    for choice, master in (("bf16", 4 * 494_032_768), ("fp32", 0)):
+        monkeypatch.setattr(CpuPlatform, "preferred_dtype", lambda self, choice=choice: choice)
+        config = load_pipeline_config(compose_config(RECIPE, []), RLVRConfig, yaml_names([CONFIG_DIR]))
+        assert {role.model_args.dtype for name, role in config.roles().items() if name != "rewards.math"} == {choice}
+        [node] = estimate_nodes(config, host_memory=24 * GiB)
+        assert node.terms().get("actor_train fp32 master", 0) == pytest.approx(master, rel=1e-3)
