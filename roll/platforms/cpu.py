@@ -54,13 +54,20 @@ class CpuPlatform(Platform):
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
 
 
-def parse_cpu_flags(cpuinfo: str) -> set[str]:
-    """The feature flags of the first processor in /proc/cpuinfo text (`flags` on x86, `Features` on Arm)."""
+def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+    """Each key of /proc/cpuinfo text with its first value: the first processor's."""
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def parse_cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of the first processor in /proc/cpuinfo text (`flags` on x86, `Features` on Arm)."""
+    fields = cpuinfo_fields(cpuinfo)
+    return set(fields.get("flags", fields.get("Features", "")).split())
 
 
 @functools.cache
@@ -87,16 +94,10 @@ def onednn_supports_fp16() -> bool:
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name from `cpuinfo` with its family and model numbers (VMs may show only "AMD EPYC", and
     machines so named here differ twofold in speed), else the machine architecture."""
-    fields: dict[str, str] = {}
     try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
+        fields = cpuinfo_fields(Path(cpuinfo).read_text())
     except OSError:
-        pass
+        fields = {}
     name = fields.get("model name")
     if not name:
         return os.uname().machine
