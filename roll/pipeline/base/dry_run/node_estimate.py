@@ -53,16 +53,16 @@ SYNCED_ROLES = ("actor_infer",)
 
 @dataclass(frozen=True)
 class ProcessEstimate:
-    """One rank of a role in a worker process: `label` is `role/rank`; `rank` is None for a role without a model
-    (reward, env); `process` is the `role/rank` owning the OS process (its own label unless it shares one)."""
+    """One rank of a role in a worker process: `label` is `role/rank`; `process` is the `role/rank` owning the OS
+    process (its own label unless it shares one); `rank` is None for a role without a model (reward, env)."""
 
     label: str
     role: str
+    process: str
     runtime: int
     rank: RankEstimate | None
     mapped: int = 0  # weights held as pages of the checkpoint file (see the module's docstring)
     model: str = ""
-    process: str = ""
 
     @property
     def resident(self) -> int:
@@ -122,7 +122,7 @@ class NodeEstimate:
         turns on it, so their runtimes and resident states add up and only the largest of their phases does."""
         members: dict[str, list[ProcessEstimate]] = defaultdict(list)
         for process in self.processes:
-            members[process.process or process.label].append(process)
+            members[process.process].append(process)
         return {
             " + ".join(sorted(p.label for p in group)): sum(p.runtime + p.resident for p in group)
             + max(p.phase_peak for p in group)
@@ -172,7 +172,7 @@ class NodeEstimate:
                 f"{self.page_cache / GiB:.2f} GiB"
             )
         for process in self.processes:
-            shared = f" (in {process.process}'s process)" if process.process not in ("", process.label) else ""
+            shared = f" (in {process.process}'s process)" if process.process != process.label else ""
             lines.append(
                 f"  {process.label}{shared}: runtime {process.runtime / GiB:.2f} + resident "
                 f"{process.resident / GiB:.2f} + peak phase {process.phase_peak / GiB:.2f} GiB"
@@ -233,11 +233,11 @@ def estimate_nodes(
                 ProcessEstimate(
                     f"{name}/{placement.rank}",
                     name,
+                    f"{owner}/{placement.rank}",
                     _runtime(role) if owner == name else 0,
                     rank_estimate,
                     mapped,
                     role.model_args.model_name_or_path if mapped else "",
-                    f"{owner}/{placement.rank}",
                 )
             )
     budget = int(host * RAY_KILL_FRACTION)
