@@ -79,7 +79,8 @@ MODELS: dict[str, tuple[dict[str, int], int]] = {
 # The blocks of docs/performance.md this script owns (benchmarks/doc_tables.py); each row names its command.
 TABLE, ABLATION, TO_ACCURACY = "compare_trl-table", "compare_trl-ablation", "compare_trl-to-accuracy"
 TO_ACCURACY_ABLATION = "compare_trl-to-accuracy-ablation"  # --to-accuracy --no-trl: roll against its ablations
-BLOCKS = (TABLE, ABLATION, TO_ACCURACY, TO_ACCURACY_ABLATION)
+TO_ACCURACY_LARGER = "compare_trl-to-accuracy-larger"  # --to-accuracy --sft ...: from another SFT export's model
+BLOCKS = (TABLE, ABLATION, TO_ACCURACY, TO_ACCURACY_ABLATION, TO_ACCURACY_LARGER)
 DEFAULT_JOB = "rlvr_arithmetic"  # examples/config/: the README's main job, whose learning settings both sides share
 SMOOTHING = 3  # evaluations averaged for the target and the crossing
 
@@ -406,12 +407,14 @@ def shared_settings(config: Any) -> SharedSettings:
     )
 
 
-def write_task(task_seed: int, root: Path) -> tuple[Path, Path]:
-    """The default job's built-in task (`a op b=`, roll.datasets.arithmetic) as train and held-out JSONL files."""
+def write_task(data: Any, root: Path) -> tuple[Path, Path]:
+    """The job's built-in task (`a op b=`, roll.datasets.arithmetic, with its `data.task_seed` and
+    `data.task_max_operand`) as train and held-out JSONL files."""
     from roll.datasets.arithmetic import arithmetic_problems
 
     paths = []
-    for name, problems in zip(("train", "held_out"), arithmetic_problems(seed=task_seed), strict=True):
+    splits = arithmetic_problems(max_operand=data.task_max_operand, seed=data.task_seed)
+    for name, problems in zip(("train", "held_out"), splits, strict=True):
         path = root / f"{name}.jsonl"
         path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
         paths.append(path)
@@ -507,10 +510,15 @@ def trl_accuracy_points(
     return evaluator.points
 
 
-def sft_export(workdir: Path) -> Path:
-    """The README's first command, `examples/start_sft_pipeline.py`, into `workdir`; the exported model."""
+def sft_export(workdir: Path, overrides: list[str]) -> Path:
+    """The README's first command, `examples/start_sft_pipeline.py` with `overrides`, into `workdir`; the export."""
     output = workdir / "sft-run"
-    command = [sys.executable, str(REPO_ROOT / "examples" / "start_sft_pipeline.py"), f"output_dir={output}"]
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "examples" / "start_sft_pipeline.py"),
+        *overrides,
+        f"output_dir={output}",
+    ]
     _run_logged(command, dict(os.environ), workdir / "sft.log")
     return output / "sft" / "model"
 
@@ -617,12 +625,15 @@ def to_accuracy(args: argparse.Namespace, extra: list[str]) -> None:
     command = doc_tables.command_line(__file__, sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="compare_trl-accuracy-") as tmp:
         workdir = Path(tmp)
-        pretrain = Path(args.pretrain).resolve() if args.pretrain else sft_export(workdir)
+        if args.sft and args.pretrain:
+            raise SystemExit("--sft makes the SFT export that --pretrain names: give one of them")
+        sft_overrides = split_overrides(args.sft, "--sft") if args.sft else []
+        pretrain = Path(args.pretrain).resolve() if args.pretrain else sft_export(workdir, sft_overrides)
         config = default_job(pretrain, extra)  # a bad override stops here, before any run
         settings = shared_settings(config)
-        task = write_task(config.data.task_seed, workdir)
+        task = write_task(config.data, workdir)
         held_out = len(task[1].read_text().splitlines())
-        ablations = [(a, ablation_overrides(a)) for a in args.ablate]
+        ablations = [(a, split_overrides(a)) for a in args.ablate]
         for ablation, overrides in ablations:  # systems settings only: what TRL is given must not change
             if shared_settings(default_job(pretrain, [*extra, *overrides])) != settings:
                 raise SystemExit(f"--ablate {ablation!r} changes a learning setting; --to-accuracy compares systems")
@@ -634,10 +645,11 @@ def to_accuracy(args: argparse.Namespace, extra: list[str]) -> None:
             runs = [("roll", extra)] + [(f"ablation-{i}", [*extra, *o]) for i, (_, o) in enumerate(ablations)]
             for (_, curves), (tag, overrides) in zip(sides[-len(runs) :], runs, strict=True):
                 curves.append(roll_curve(pretrain, seed, args, overrides, workdir, tag))
-    report = to_accuracy_report(sides, args.seeds, held_out, settings)
+        params = parameter_count(pretrain)
+    report = f"Model: {params / 1e6:.2f}M parameters. " + to_accuracy_report(sides, args.seeds, held_out, settings)
     print(f"\n{machine()}\n\n{report}")
     if args.write_docs:
-        block = TO_ACCURACY_ABLATION if args.no_trl else TO_ACCURACY
+        block = TO_ACCURACY_ABLATION if args.no_trl else TO_ACCURACY_LARGER if args.sft else TO_ACCURACY
         doc_tables.write_block(DOC, block, command, report, ("torch", "deepspeed", "transformers", "trl"))
 
 
@@ -686,11 +698,11 @@ def table_row(model: str, trl_threads: int, params: int, trl: Run, roll: Run, co
     )
 
 
-def ablation_overrides(ablation: str) -> list[str]:
-    """The roll overrides of one `--ablate` value, split like a shell command line; raise on an empty one."""
-    overrides = shlex.split(ablation)
+def split_overrides(value: str, option: str = "--ablate") -> list[str]:
+    """The overrides of one `option` value, split like a shell command line; raise on an empty one."""
+    overrides = shlex.split(value)
     if not overrides:
-        raise SystemExit(f"--ablate {ablation!r} holds no override")
+        raise SystemExit(f"{option} {value!r} holds no override")
     return overrides
 
 
@@ -735,6 +747,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 1], help="--to-accuracy: one run each")
     parser.add_argument("--eval-every", type=int, default=10, help="--to-accuracy: RL steps between evaluations")
     parser.add_argument("--pretrain", help="--to-accuracy: the SFT export both start from (default: train one)")
+    parser.add_argument(
+        "--sft",
+        metavar='"OVERRIDE ..."',
+        help="--to-accuracy: overrides of the SFT run that makes the export (another model, task); --write-docs "
+        "then writes the larger-model block",
+    )
     parser.add_argument("--trl-job", nargs=2, help=argparse.SUPPRESS)  # the TRL child: job JSON, result file
     parser.add_argument("--trl-accuracy-job", nargs=2, help=argparse.SUPPRESS)
     return parser
@@ -762,7 +780,7 @@ def main() -> None:
         model_dir, train_file, eval_file = build_inputs(args.model, workdir)
         new_tokens = MODELS[args.model][1]
         base = roll_overrides(model_dir, train_file, eval_file, new_tokens, args.warmup + args.steps + 1)
-        ablate = [(a, ablation_overrides(a)) for a in args.ablate]  # a malformed value stops before any run
+        ablate = [(a, split_overrides(a)) for a in args.ablate]  # a malformed value stops before any run
         trl = None
         if not args.no_trl:
             trl = run_trl(model_dir, train_file, new_tokens, args.steps, args.warmup, args.trl_threads, workdir)

@@ -39,6 +39,10 @@ class SourceArguments:
     # max_response_length): dropped with a count logged, or a config error.
     too_long: Literal["drop", "error"] = "drop"
     task_seed: int = field(default=0, metadata=check(SEED))
+    # The built-in task's operands run from 0 to this (19: 800 problems, 160 held out; 49: 5000, 1000 held out).
+    task_max_operand: int = field(
+        default=19, metadata=check(ge=1, le=199, hint="the task holds 2 x (n + 1)**2 problems, one in five held out")
+    )
 
 
 @dataclass

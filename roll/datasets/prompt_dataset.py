@@ -68,7 +68,9 @@ def split_tables(
     if data.train_file:
         sources = [Source.of(f"data.{key}", getattr(data, key)) for key in ("train_file", "eval_file")]
         return [(from_file(read_table(source), source), source) for source in sources]
-    splits = zip(arithmetic_problems(seed=data.task_seed), ("train", "held out"), strict=True)
+    splits = zip(
+        arithmetic_problems(max_operand=data.task_max_operand, seed=data.task_seed), ("train", "held out"), strict=True
+    )
     return [(built_in(problems), Source(f"{BUILT_IN} ({name})")) for problems, name in splits]
 
 

@@ -74,20 +74,22 @@ def test_one_ablation_holds_several_overrides_and_the_flag_repeats() -> None:
         ["--ablate", layout, "--ablate", "algorithm.old_log_probs_pass=always", "--no-trl", "seed=1"]
     )
     assert args.ablate == [layout, "algorithm.old_log_probs_pass=always"] and args.no_trl and extra == ["seed=1"]
-    assert compare_trl.ablation_overrides(layout) == [
+    assert compare_trl.split_overrides(layout) == [
         "devices_per_node=1",
         "cpus_per_device=2",
         "actor_train.device_mapping=0",
         "data.x=a b",
     ]
-    assert compare_trl.ablation_overrides(args.ablate[1]) == ["algorithm.old_log_probs_pass=always"]
-    with pytest.raises(SystemExit, match="holds no override"):
-        compare_trl.ablation_overrides("  ")
+    assert compare_trl.split_overrides(args.ablate[1]) == ["algorithm.old_log_probs_pass=always"]
+    with pytest.raises(SystemExit, match="--ablate '  ' holds no override"):
+        compare_trl.split_overrides("  ")
+    with pytest.raises(SystemExit, match="--sft '' holds no override"):
+        compare_trl.split_overrides("", "--sft")
 
 
 def test_the_one_rank_two_thread_layout_trains_on_the_same_samples_per_optimizer_step(tmp_path: Path) -> None:
     model_dir, train_file, eval_file = compare_trl.build_inputs("small", tmp_path)
-    layout = compare_trl.ablation_overrides(
+    layout = compare_trl.split_overrides(
         "devices_per_node=1 cpus_per_device=2 actor_train.device_mapping=0 actor_infer.device_mapping=0 "
         "reference.device_mapping=0 actor_train.training_args.gradient_accumulation_steps=2"
     )
@@ -116,8 +118,13 @@ def test_to_accuracy_gives_trl_the_default_jobs_learning_settings(tmp_path: Path
     )
     with pytest.raises(SystemExit, match=r"algorithm\.adv_estimator='grpo'"):
         compare_trl.shared_settings(compare_trl.default_job(model_dir, ["algorithm.adv_estimator=reinforce_plus_plus"]))
-    train, held_out = compare_trl.write_task(0, tmp_path)
+    train, held_out = compare_trl.write_task(compare_trl.default_job(model_dir, []).data, tmp_path)
     assert len(held_out.read_text().splitlines()) == 160 and len(train.read_text().splitlines()) == 640
+    # The larger task: operands to 49, 1000 held-out problems (one evaluation's standard error at most 0.016).
+    larger = compare_trl.default_job(model_dir, ["data.task_max_operand=49"]).data
+    train, held_out = compare_trl.write_task(larger, tmp_path)
+    assert len(held_out.read_text().splitlines()) == 1000 and len(train.read_text().splitlines()) == 4000
+    assert '"prompt": "49-49="' in (train.read_text() + held_out.read_text())
 
 
 def test_the_to_accuracy_report_times_every_side_to_the_first_sides_final_accuracy() -> None:

@@ -176,6 +176,14 @@ def test_the_built_in_task_without_the_template_is_tokenised_as_before(tokenizer
     assert torch.equal(batch.batch["attention_mask"], before["attention_mask"])
 
 
+def test_the_built_in_tasks_operands_widen_with_task_max_operand(tokenizer: PreTrainedTokenizerFast) -> None:
+    train, held_out = load_splits(DataArguments(apply_chat_template=False, task_max_operand=49), tokenizer)
+    assert (len(train), len(held_out)) == (4000, 1000)
+    operands = {int(n) for e in train + held_out for n in e.prompt.rstrip("=").replace("-", "+").split("+")}
+    assert operands == set(range(50))
+    assert {e.prompt for e in held_out}.isdisjoint(e.prompt for e in train)
+
+
 def test_sft_trains_only_on_the_assistant_turn_of_the_templated_conversation(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
