@@ -367,8 +367,11 @@ def test_data_files_exist_parse_and_hold_a_batch(tmp_path: Path) -> None:
 
 def test_a_generation_that_cannot_fit_in_memory_names_what_to_lower(tmp_path: Path) -> None:
     model = fake_model(tmp_path / "long", max_position_embeddings=10**7)
-    with pytest.raises(ConfigError) as error:
+    no_budgets = ("actor_train.max_tokens_per_microbatch=null", "reference.max_tokens_per_microbatch=null")
+    with pytest.raises(ConfigError, match=r"raise actor_train.max_tokens_per_microbatch to at least 5000016"):
         rlvr(f"pretrain={model}", "actor_infer.generating_args.max_new_tokens=5000000")
+    with pytest.raises(ConfigError) as error:
+        rlvr(f"pretrain={model}", "actor_infer.generating_args.max_new_tokens=5000000", *no_budgets)
     message = str(error.value)
     assert re.match(r"actor_infer would hold about \d+\.\d GiB of KV cache while generating \(2 workers x 16 ", message)
     assert message.endswith(
