@@ -444,3 +444,18 @@ def test_engine_defaults_and_strategy_table_match_the_backends() -> None:
     from roll.models.tiny import TINY_SCHEME
 
     assert TINY.startswith(TINY_SCHEME) and TINY_SCHEME == "tiny://"  # spelled out in model_shape
+
+
+def test_a_token_budget_sizes_the_micro_batches_it_forms() -> None:
+    def phases(budget: int | None, **training: Any) -> dict[str, int]:
+        role = train_role(example_block("deepspeed_zero2"), **training)
+        role.max_tokens_per_microbatch = budget
+        estimate = estimate_rank(role, prompt_length=6, response_length=10, host_memory=64 * GiB, ranks_on_node=4)
+        return {name: estimate.bytes_of(items) for name, items in estimate.phases.items()}
+
+    # 160 tokens hold 10 rows of 16: the forward counts 10 rows, not infer_batch_size's 4; the train
+    # micro-batch counts an optimizer step's 8 rows (the budget groups no more), not the 2 of a fixed one.
+    budgeted = phases(160, per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    fixed = phases(None, per_device_train_batch_size=8, gradient_accumulation_steps=1)
+    assert budgeted["train micro-batch"] == fixed["train micro-batch"]
+    assert budgeted["log-prob forward"] > phases(None, per_device_train_batch_size=2)["log-prob forward"]

@@ -70,9 +70,18 @@ def _model_params(role: WorkerConfig, shape: ModelShape, kind: str) -> tuple[int
     return params + trainable, trainable
 
 
+def _micro_batch_rows(role: WorkerConfig, rows: int, sequence: int) -> int:
+    """Full-width rows of the role's largest micro-batch: `rows`, or under a token budget (`max_tokens_per_microbatch`,
+    which groups any number of rows) as many as its tokens hold at `sequence` tokens each. A packed row's attention
+    over its whole budget is not counted apart."""
+    budget = role.max_tokens_per_microbatch
+    return rows if budget is None else max(1, budget // sequence)
+
+
 def _forward_phase(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths) -> tuple[MemoryItem, ...]:
-    """A log-prob forward of `infer_batch_size` rows without gradients: one layer's working set and the logits."""
-    dtype, rows = role.model_args.dtype, role.infer_batch_size
+    """A log-prob forward of `infer_batch_size` rows (or a token budget's) without gradients: one layer's working
+    set and the logits."""
+    dtype, rows = role.model_args.dtype, _micro_batch_rows(role, role.infer_batch_size, lengths.sequence)
     fused = role.model_args.attn_implementation != "eager"
     layer = layer_activation_bytes(shape, rows, lengths.sequence, dtype, fused_attention=fused)
     logits = logits_bytes(shape, rows, lengths.sequence, lengths.response, dtype, training=False, kind=kind)
@@ -119,7 +128,9 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
     elements = count * int(zero.get("reduce_bucket_size", _DS_REDUCE_BUCKET))
     buckets = MemoryItem("buckets", DTYPE_BYTES[dtype] * (min(elements, trainable) if platform == "cpu" else elements))
     fused = role.model_args.attn_implementation != "eager"
-    micro = args.per_device_train_batch_size
+    # A budget groups at most an optimizer step's rows.
+    step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    micro = min(step_rows, _micro_batch_rows(role, args.per_device_train_batch_size, lengths.sequence))
     train = [
         MemoryItem(
             "activations",
