@@ -44,14 +44,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+if TYPE_CHECKING:
+    from roll.datasets.arithmetic import Problem
 
 from benchmarks import doc_tables  # noqa: E402
 from benchmarks.accuracy_curves import (  # noqa: E402
@@ -142,12 +146,16 @@ def build_inputs(model: str, root: Path) -> tuple[Path, Path, Path]:
     from roll.models.tiny import TinyModelSpec, make_tiny_model
 
     model_dir = make_tiny_model(root / f"model-{model}", TinyModelSpec(**MODELS[model][0]), seed=0)
-    paths = []
-    for name, problems in zip(("train", "eval"), arithmetic_problems(max_operand=49, operations="+"), strict=True):
-        path = root / f"{name}.jsonl"
+    train_file, eval_file = write_splits(arithmetic_problems(max_operand=49, operations="+"), root)
+    return model_dir, train_file, eval_file
+
+
+def write_splits(splits: tuple[Sequence[Problem], Sequence[Problem]], root: Path) -> tuple[Path, Path]:
+    """A train and a held-out split of problems as `root`/train.jsonl and `root`/held_out.jsonl (prompt, answer)."""
+    paths = (root / "train.jsonl", root / "held_out.jsonl")
+    for path, problems in zip(paths, splits, strict=True):
         path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
-        paths.append(path)
-    return model_dir, paths[0], paths[1]
+    return paths
 
 
 def parameter_count(model_dir: Path) -> int:
@@ -412,13 +420,7 @@ def write_task(data: Any, root: Path) -> tuple[Path, Path]:
     `data.task_max_operand`) as train and held-out JSONL files."""
     from roll.datasets.arithmetic import arithmetic_problems
 
-    paths = []
-    splits = arithmetic_problems(max_operand=data.task_max_operand, seed=data.task_seed)
-    for name, problems in zip(("train", "held_out"), splits, strict=True):
-        path = root / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(arithmetic_problems(max_operand=data.task_max_operand, seed=data.task_seed), root)
 
 
 def trl_accuracy_points(
@@ -625,8 +627,6 @@ def to_accuracy(args: argparse.Namespace, extra: list[str]) -> None:
     command = doc_tables.command_line(__file__, sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="compare_trl-accuracy-") as tmp:
         workdir = Path(tmp)
-        if args.sft and args.pretrain:
-            raise SystemExit("--sft makes the SFT export that --pretrain names: give one of them")
         sft_overrides = split_overrides(args.sft, "--sft") if args.sft else []
         pretrain = Path(args.pretrain).resolve() if args.pretrain else sft_export(workdir, sft_overrides)
         config = default_job(pretrain, extra)  # a bad override stops here, before any run
@@ -746,8 +746,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--to-accuracy", action="store_true", help="time to TRL's final accuracy, several seeds")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 1], help="--to-accuracy: one run each")
     parser.add_argument("--eval-every", type=int, default=10, help="--to-accuracy: RL steps between evaluations")
-    parser.add_argument("--pretrain", help="--to-accuracy: the SFT export both start from (default: train one)")
-    parser.add_argument(
+    start = parser.add_mutually_exclusive_group()  # --sft makes the export --pretrain names
+    start.add_argument("--pretrain", help="--to-accuracy: the SFT export both start from (default: train one)")
+    start.add_argument(
         "--sft",
         metavar='"OVERRIDE ..."',
         help="--to-accuracy: overrides of the SFT run that makes the export (another model, task); --write-docs "

@@ -87,6 +87,12 @@ def test_one_ablation_holds_several_overrides_and_the_flag_repeats() -> None:
         compare_trl.split_overrides("", "--sft")
 
 
+def test_sft_and_pretrain_are_refused_together_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        compare_trl.build_parser().parse_known_args(["--to-accuracy", "--sft", "max_steps=5", "--pretrain", "m"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_the_one_rank_two_thread_layout_trains_on_the_same_samples_per_optimizer_step(tmp_path: Path) -> None:
     model_dir, train_file, eval_file = compare_trl.build_inputs("small", tmp_path)
     layout = compare_trl.split_overrides(
