@@ -40,6 +40,10 @@ def markers(name: str) -> tuple[str, str]:
 
 # ---- the machine ------------------------------------------------------------------------------------------
 
+# The 1-minute load average when the benchmark started (every benchmark imports this module first thing): how busy
+# the machine was with other work, which each written table names beside the CPU.
+LOAD_AT_START = os.getloadavg()[0]
+
 
 def memory_gib() -> float:
     """Physical memory of the machine, GiB."""
@@ -60,13 +64,15 @@ def versions(packages: Iterable[str]) -> str:
 
 
 def machine(packages: Sequence[str] = ("torch",), today: datetime.date | None = None) -> str:
-    """CPU model, visible cores, memory, Python and `packages` versions, and the date."""
+    """CPU model, visible cores, memory, the load when the benchmark started, Python and `packages` versions, and
+    the date."""
     cores = get_platform("cpu").device_count()  # the affinity mask: a container's limit shows there
     total = os.cpu_count() or cores
     core_text = f"{cores} cores" if cores == total else f"{cores} of {total} cores"
     software = ", ".join(filter(None, [f"Python {platform.python_version()}", versions(packages)]))
     day = today or datetime.date.today()
-    return f"{cpu_model_name()}, {core_text}, {memory_gib():.1f} GiB memory; {software}; {day}"
+    load = f"load average {LOAD_AT_START:.2f} at the start"
+    return f"{cpu_model_name()}, {core_text}, {memory_gib():.1f} GiB memory, {load}; {software}; {day}"
 
 
 # ---- the command ------------------------------------------------------------------------------------------

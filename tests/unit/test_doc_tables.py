@@ -78,10 +78,12 @@ def test_upsert_rows_replaces_by_key_and_appends_new_keys() -> None:
     )
 
 
-def test_machine_line_names_cpu_cores_memory_versions_and_date() -> None:
+def test_machine_line_names_cpu_cores_memory_load_versions_and_date(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doc_tables, "LOAD_AT_START", 1.234)
     line = doc_tables.machine(("torch", "no-such-package"), today=datetime.date(2026, 1, 2))
     assert line.startswith(cpu_model_name() + ", ")
-    assert f"{get_platform('cpu').device_count()} " in line and " cores, " in line and " GiB memory; " in line
+    assert f"{get_platform('cpu').device_count()} " in line and " cores, " in line and " GiB memory, " in line
+    assert ", load average 1.23 at the start; " in line
     assert f"torch {torch.__version__}" in line and "no-such-package not installed" in line
     assert line.endswith("; 2026-01-02")
 
