@@ -7,7 +7,8 @@ Qwen2 model (fp32) into four inference roles, one worker each: hf_infer and vllm
 colocated route: flat buckets through Ray's shared-memory object store) and hf_infer and vllm on
 slot 2 (the broadcast route: gloo from training rank 0). Below ZeRO-3, a second actor_train shares its two
 processes with an hf_infer role on the same slots (`share_worker_processes`, as the default RLVR job runs): each
-training rank loads its process's hf_infer worker directly, both ranks at once. `source only` is the training side alone
+training rank hands its process's hf_infer worker its own parameters, which that worker keeps instead of copying
+(`TrainStrategy.yields_live_weights`), both ranks at once. `source only` is the training side alone
 (every rank runs `iter_hf_weights`, gathering at ZeRO-3, and nothing is sent): the floor under
 every route, printed at stage 3 only (below it the export is free). memcpy is one thread copying
 a buffer of the model's size, the fastest a single worker could move the bytes. The fastest of
@@ -41,7 +42,7 @@ TARGETS = {  # role name -> (strategy, device slot)
     "vllm_broadcast": ("vllm", "2"),
 }
 SOURCE_ONLY = "source only (export, gathers)"
-SHARED = "hf_infer, shared process (one worker per training rank)"
+SHARED = "hf_infer, shared process (one worker per training rank; it keeps the trainer's parameters, no copy)"
 DOC = REPO_ROOT / "docs" / "weight_sync.md"
 PACKAGES = ("torch", "deepspeed", "vllm", "ray")
 STAGES = (0, 2, 3)

@@ -49,6 +49,12 @@ class EngineActorWorker(ActorWorker):
         rollout = self.to_rollout(batch, generation, args)
         return rollout.union(DataProto.from_dict(tensors={"engine_log_probs": generation.log_probs}))
 
+    @register(Dispatch.ONE_TO_ALL)
+    def weight_addresses(self) -> dict[str, int]:
+        """Where each weight's data lives in this process's memory."""
+        model = getattr(self.strategy, "unwrapped_model", None) or self.strategy.model
+        return {name: param.data_ptr() for name, param in model.named_parameters()}
+
 
 def role(
     name: str,
@@ -168,7 +174,8 @@ def test_roles_sharing_a_process_per_device_sync_in_memory(
     ray_session: None, model_path: str, prompts: DataProto
 ) -> None:
     """A trainer and an hf_infer role in the same WorkerHosts (share_worker_processes): one process per rank, and
-    the sync hands each bucket over in the process, exactly."""
+    the sync hands each bucket over in the process, exactly: hf_infer keeps the trainer's own parameters (ZeRO-2 on
+    CPU moves nothing between phases), so it holds no copy and follows every later step."""
     manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
     configs = {
         "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(2)),
@@ -188,6 +195,12 @@ def test_roles_sharing_a_process_per_device_sync_in_memory(
         assert (log_probs(clusters["hf_infer"], expected) - trainer_log_probs).abs().max() > 1e-3
         assert route.sync()["sync/colocated_bytes"] > 0
         torch.testing.assert_close(log_probs(clusters["hf_infer"], expected), trainer_log_probs, rtol=0, atol=1e-5)
+        assert clusters["hf_infer"].weight_addresses() == clusters["actor_train"].weight_addresses()
+        train_step(clusters, prompts)
+        route.sync()
+        moved = log_probs(clusters["actor_train"], expected)
+        assert (moved - trainer_log_probs).abs().max() > 1e-3
+        torch.testing.assert_close(log_probs(clusters["hf_infer"], expected), moved, rtol=0, atol=1e-5)
     finally:
         for cluster in clusters.values():
             cluster.shutdown()

@@ -237,3 +237,26 @@ def test_a_source_failing_between_buckets_ends_every_receiver_with_its_error(gro
         *[lambda r=r: receive_weights(r.headers, r.rank, r.check, r.take) for r in receivers],
     )
     assert not any(isinstance(result, Exception) for result in results)
+
+
+def test_an_hf_infer_role_keeps_shared_tensors_of_its_dtype_and_copies_the_others() -> None:
+    from types import SimpleNamespace
+
+    from roll.configs.worker_config import ModelArguments, StrategyArguments, WorkerConfig
+    from roll.distributed.strategy.hf_strategy import HfInferStrategy
+    from roll.platforms import get_platform
+
+    config = WorkerConfig(model_args=ModelArguments(), strategy_args=StrategyArguments(strategy_name="hf_infer"))
+    strategy = HfInferStrategy(SimpleNamespace(worker_config=config, local_rank=0, platform=get_platform("cpu")))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2)).eval()
+    model.config = SimpleNamespace()  # where hf_infer turns the KV cache on
+    strategy.initialize(lambda: model)
+    live = [("0.weight", torch.randn(2, 3)), ("0.bias", torch.randn(2)), ("1.weight", torch.randn(2, 2).double())]
+    strategy.load_weights(live, share=True)
+    assert model[0].weight.data_ptr() == live[0][1].data_ptr() and model[0].bias.data_ptr() == live[1][1].data_ptr()
+    assert model[1].weight.dtype == torch.float32 and torch.equal(model[1].weight, live[2][1].float())
+    copied = [("1.bias", torch.randn(2))]
+    strategy.load_weights(copied)
+    assert model[1].bias.data_ptr() != copied[0][1].data_ptr() and torch.equal(model[1].bias, copied[0][1])
+    with pytest.raises(ValueError, match=r"0\.weight"):
+        strategy.load_weights([("0.weight", torch.randn(3, 3))], share=True)

@@ -146,7 +146,8 @@ class StrategyWorker(Worker):
         local = [target.local() if isinstance(target, HostedWorker) else None for target in colocated]
         remote = [target for target, worker in zip(colocated, local, strict=True) if worker is None]
         in_process = [worker for worker in local if worker is not None]
-        buckets = hand_over(iter_buckets(weights, bucket_bytes), remote, totals, in_process)
+        share = bool(in_process) and self.strategy.yields_live_weights()
+        buckets = hand_over(iter_buckets(weights, bucket_bytes), remote, totals, in_process, share)
         try:
             if broadcast_to:
                 group, headers, receivers = self.broadcast_sources[broadcast_to]
@@ -168,9 +169,10 @@ class StrategyWorker(Worker):
         """Load a bucket a training rank on this worker's device handed over; return its bytes."""
         return self.load_bucket(open_bucket(shared))
 
-    def load_bucket(self, bucket: NamedTensors) -> int:
-        """Load a bucket of full weights (a training rank in this process calls it directly); return its bytes."""
-        self.strategy.load_weights(bucket)
+    def load_bucket(self, bucket: NamedTensors, share: bool = False) -> int:
+        """Load a bucket of full weights (a training rank in this process calls it directly, with `share` when they
+        are its live parameters: `InferenceStrategy.load_weights`); return its bytes."""
+        self.strategy.load_weights(bucket, share=share)
         return sum(tensor_bytes(tensor) for _, tensor in bucket)
 
     @register(Dispatch.ONE_TO_ALL)

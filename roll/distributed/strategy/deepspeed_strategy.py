@@ -201,8 +201,9 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         on_host = not self.worker.platform.is_accelerator and self.worker_config.strategy_args.offload_device == "cpu"
         return on_host or bool(self.deepspeed_swaps)
 
-    def load_weights(self, named_tensors: NamedTensors) -> None:
-        """Copy full weights by Hugging Face name into the model after checking every name and shape.
+    def load_weights(self, named_tensors: NamedTensors, share: bool = False) -> None:
+        """Copy full weights by Hugging Face name into the model after checking every name and shape (`share` is
+        not taken up: an engine's parameters are views into its own flat buffers).
 
         At ZeRO-3 every rank of the role must load the same buckets together: each parameter is
         gathered, overwritten with the full tensor and partitioned again.
@@ -221,6 +222,12 @@ class DeepSpeedInferStrategy(InferenceStrategy):
             gathered = deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=self.zero_stage == 3)
             with gathered, torch.no_grad():
                 param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
+
+    def yields_live_weights(self) -> bool:
+        """True below ZeRO-3, without AutoTP or LoRA (the weights are then the parameters themselves, not gathered
+        or merged copies), while offloading moves nothing (a CPU platform offloading to host memory)."""
+        lora = self.worker_config.model_args.lora_rank > 0
+        return not (self.weights_gathered_collectively or lora or self.offload_moves_states())
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight in full by Hugging Face name, LoRA merged, on all ranks.

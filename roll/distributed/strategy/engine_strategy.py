@@ -236,8 +236,9 @@ class EngineStrategy(InferenceStrategy):
 
     # ---- weight sync sessions ----------------------------------------------------------------
 
-    def load_weights(self, named_tensors: NamedTensors) -> None:
-        """Load one bucket of a weight sync (Hugging Face names, any dtype) into the engine in place."""
+    def load_weights(self, named_tensors: NamedTensors, share: bool = False) -> None:
+        """Load one bucket of a weight sync (Hugging Face names, any dtype) into the engine in place (an engine
+        keeps weights of its own: `share` is not taken up)."""
         specs = [spec_of(name, tensor) for name, tensor in named_tensors]
         self._in_session(specs, lambda: self._deliver(named_tensors))
 

@@ -74,13 +74,21 @@ class HfInferStrategy(InferenceStrategy):
             model_path=self.worker_config.model_args.model_name_or_path,
         )
 
-    def load_weights(self, named_tensors: NamedTensors) -> None:
-        """Copy full weights by Hugging Face name into the model after checking every name and shape."""
+    def load_weights(self, named_tensors: NamedTensors, share: bool = False) -> None:
+        """Copy full weights by Hugging Face name into the model after checking every name and shape.
+
+        With `share`, a tensor of the parameter's dtype and device becomes the parameter's data instead (the
+        model's own copy is freed); the others are copied.
+        """
         self.check_weights([spec_of(name, tensor) for name, tensor in named_tensors])
         params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.no_grad():
             for name, tensor in named_tensors:
-                params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
+                param = params[name]
+                if share and (tensor.dtype, tensor.device) == (param.dtype, param.device):
+                    param.data = tensor
+                else:
+                    param.copy_(tensor.to(device=param.device, dtype=param.dtype))
 
     def shutdown(self) -> None:
         """Drop the model."""

@@ -158,10 +158,12 @@ class InferenceStrategy(ABC):
         never does is not called between phases. By default, whether the backend has an `offload_states` of its own."""
         return type(self).offload_states is not InferenceStrategy.offload_states
 
-    def load_weights(self, named_tensors: NamedTensors) -> None:
+    def load_weights(self, named_tensors: NamedTensors, share: bool = False) -> None:
         """Copy full weights by Hugging Face name (any dtype) into the model in place.
 
-        Every name and shape is checked (`check_weights`) before anything is copied.
+        Every name and shape is checked (`check_weights`) before anything is copied. `share` says the tensors are a
+        training role's own parameters in this process (`TrainStrategy.yields_live_weights`): a backend may then
+        use them as its weights instead of copying them. By default it copies all the same.
         """
         raise NotImplementedError(f"{self.worker_config.name}: strategy {self.strategy_name!r} takes no weight syncs")
 
@@ -207,6 +209,12 @@ class TrainStrategy(InferenceStrategy):
     @abstractmethod
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full parameters by Hugging Face name, one at a time, on every rank; valid until the model changes."""
+
+    def yields_live_weights(self) -> bool:
+        """Whether `iter_hf_weights` yields the parameters' own tensors, which each optimizer step updates in place
+        and no phase moves off the device. An inference role in this process may then keep them as its weights
+        (`load_weights(share=True)`): the sync copies nothing and the process holds the model once."""
+        return False
 
     @abstractmethod
     def export_hf(self, output_dir: str) -> str:

@@ -59,19 +59,24 @@ def open_bucket(shared: SharedBucket) -> NamedTensors:
 
 
 def hand_over(
-    buckets: Iterable[NamedTensors], targets: list[Any], totals: dict[str, int], in_process: Sequence[Any] = ()
+    buckets: Iterable[NamedTensors],
+    targets: list[Any],
+    totals: dict[str, int],
+    in_process: Sequence[Any] = (),
+    share: bool = False,
 ) -> Iterator[NamedTensors]:
     """Pass each bucket on while every target actor loads it (`receive_colocated_bucket`), then wait for them.
 
     The bucket goes into the object store once, whatever the number of targets; workers in this very process
-    (`in_process`, worker_host.py) load it from the sender's tensors with `load_bucket` instead. The bytes handed
+    (`in_process`, worker_host.py) load it from the sender's tensors with `load_bucket` instead, and with `share`
+    (the tensors are the sender's live parameters) may keep them rather than copy them. The bytes handed
     over accumulate in `totals["colocated_bytes"]`. The targets load bucket k while the caller
     broadcasts it: an inference role whose workers load collectively (ZeRO-3) may have workers on
     both routes, and its colocated workers cannot finish bucket k before the broadcast ones have it.
     """
     for bucket in buckets:
         for worker in in_process:
-            totals["colocated_bytes"] += worker.load_bucket(bucket)
+            totals["colocated_bytes"] += worker.load_bucket(bucket, share)
         if not targets:
             yield bucket
             continue
