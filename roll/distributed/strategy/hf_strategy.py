@@ -78,7 +78,7 @@ class HfInferStrategy(InferenceStrategy):
         """Copy full weights by Hugging Face name into the model after checking every name and shape.
 
         With `share`, a tensor of the parameter's dtype and device becomes the parameter's data instead (the
-        model's own copy is freed); the others are copied.
+        model's own storage is let go); the others are copied.
         """
         self.check_weights([spec_of(name, tensor) for name, tensor in named_tensors])
         params = dict(self.model.named_parameters(remove_duplicate=False))

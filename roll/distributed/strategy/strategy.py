@@ -213,7 +213,7 @@ class TrainStrategy(InferenceStrategy):
     def yields_live_weights(self) -> bool:
         """Whether `iter_hf_weights` yields the parameters' own tensors, which each optimizer step updates in place
         and no phase moves off the device. An inference role in this process may then keep them as its weights
-        (`load_weights(share=True)`): the sync copies nothing and the process holds the model once."""
+        (`load_weights(share=True)`) and the sync copies nothing."""
         return False
 
     @abstractmethod
