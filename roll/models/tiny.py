@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import string
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +18,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from roll.models.build_cache import build_in_cache, read_marker, write_marker
 
 DEFAULT_ALPHABET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + "+-*/=()?.,:;!'\"#<>_%"
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -103,13 +101,12 @@ def make_tiny_model(
 ) -> Path:
     """Save a seeded random causal LM (float32 safetensors) and its char tokenizer in `output_dir`; return it.
 
-    A directory already built with the same spec, seed and alphabet is returned as it is.
+    A directory already built, whole, with the same spec, seed and alphabet is returned as it is.
     """
     spec = spec or TinyModelSpec()
     path = Path(output_dir)
-    marker_file = path / SPEC_MARKER
-    marker = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed, "alphabet": alphabet}
-    if read_marker(marker_file) == marker:
+    identity = tiny_model_identity(spec, seed, alphabet)
+    if read_marker(path, SPEC_MARKER) == identity:
         return path
     tokenizer = build_char_tokenizer(alphabet)
     tokenizer.model_max_length = spec.max_position_embeddings
@@ -119,12 +116,17 @@ def make_tiny_model(
         torch.manual_seed(seed)
         model = model_cls(config).to(torch.float32)
     # Removed before writing so that an interrupted rebuild is never mistaken for the previous build.
-    marker_file.unlink(missing_ok=True)
+    (path / SPEC_MARKER).unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    marker_file.write_text(json.dumps(marker, indent=2))
+    write_marker(path, SPEC_MARKER, identity)
     return path
+
+
+def tiny_model_identity(spec: TinyModelSpec, seed: int, alphabet: str = DEFAULT_ALPHABET) -> dict[str, Any]:
+    """What a tiny model's build marker vouches for: the build's version, the spec, the seed and the alphabet."""
+    return {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed, "alphabet": alphabet}
 
 
 def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
@@ -145,25 +147,6 @@ def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> d
     }
 
 
-def read_marker(marker_file: Path) -> dict[str, Any] | None:
-    """The build marker JSON in `marker_file`; None when it is missing or unreadable (the directory is rebuilt)."""
-    try:
-        return json.loads(marker_file.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def build_in_cache(kind: str, spec: Any, seed: int, build: Callable[[Path], Path], cache_dir: str | None = None) -> str:
-    """`build(directory)` once for this dataclass `spec` and `seed`, under `cache_dir` (default `$ROLL_CACHE_DIR` or
-    `~/.cache/roll`) / `kind`, holding a file lock so that concurrent workers build it once; the directory."""
-    root = Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll") / kind
-    name = "-".join(f"{k}{v}" for k, v in sorted(asdict(spec).items())) + f"-seed{seed}"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return str(build(root / name))
-
-
 TINY_SCHEME = "tiny://"
 
 
@@ -172,7 +155,8 @@ def resolve_model_path(model_name_or_path: str, cache_dir: str | None = None) ->
 
     `tiny://qwen2` or `tiny://llama?hidden_size=256&num_layers=4&seed=1` name a tiny model of
     `TinyModelSpec` fields; it is built once under `cache_dir` (default `$ROLL_CACHE_DIR` or
-    `~/.cache/roll`), under a file lock so concurrent workers build it once. Other values pass through.
+    `~/.cache/roll`), under a file lock so concurrent workers build it once, and renamed into place when whole.
+    Other values pass through.
     """
     if not model_name_or_path.startswith(TINY_SCHEME):
         return model_name_or_path
@@ -189,4 +173,12 @@ def resolve_model_path(model_name_or_path: str, cache_dir: str | None = None) ->
             valid = ", ".join(["seed", *(k for k in TinyModelSpec.__dataclass_fields__ if k != "arch")])
             raise ValueError(f"{model_name_or_path!r}: unknown tiny-model option {key!r}; valid: {valid}")
     spec = TinyModelSpec(**fields)
-    return build_in_cache("tiny", spec, seed, lambda path: make_tiny_model(path, spec, seed=seed), cache_dir)
+    identity = tiny_model_identity(spec, seed)
+    return build_in_cache(
+        "tiny",
+        spec,
+        seed,
+        lambda path: make_tiny_model(path, spec, seed=seed),
+        lambda path: read_marker(path, SPEC_MARKER) == identity,
+        cache_dir,
+    )

@@ -21,10 +21,19 @@ def read_latest_tag(root: Path, latest_name: str = "latest") -> str:
     return latest.read_text().strip()
 
 
+def cache_root(cache_dir: str | None = None) -> Path:
+    """roll's cache directory: `cache_dir`, else `$ROLL_CACHE_DIR`, else `~/.cache/roll`."""
+    return Path(cache_dir or os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll")
+
+
 def unwritable_reason(path: str | Path) -> str | None:
     """Why directory `path` could not be created and written to (None: it could): a file in its place or on its
-    way, or no write permission on the nearest folder that exists. Nothing is created."""
+    way, no write permission on the nearest folder that exists, or a place inside roll's cache, whose entries are
+    shared by every run and rebuilt when anything changes them. Nothing is created."""
     existing = Path(path).expanduser().absolute()
+    cache = cache_root().expanduser().absolute()
+    if existing == cache or cache in existing.parents:
+        return f"it is inside roll's model cache {cache}, whose built entries every run shares"
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():

@@ -8,7 +8,6 @@ loads it exactly as it loads a real one. Nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
 
-from roll.models.tiny import build_in_cache, read_marker
+from roll.models.build_cache import build_in_cache, read_marker, write_marker
 
 TINY_DIFFUSION_SCHEME = "tiny-diffusion://"
 SPEC_MARKER = "roll_tiny_diffusion_spec.json"
@@ -102,15 +101,14 @@ def build_word_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
 def make_tiny_diffusion(output_dir: str | Path, spec: TinyDiffusionSpec | None = None, seed: int = 0) -> Path:
     """Save a seeded random tiny diffusion model (see the module) in `output_dir`; return it.
 
-    A directory already built with the same spec and seed is returned as it is.
+    A directory already built, whole, with the same spec and seed is returned as it is.
     """
     from diffusers import DDIMScheduler, UNet2DConditionModel
 
     spec = spec or TinyDiffusionSpec()
     path = Path(output_dir)
-    marker_file = path / SPEC_MARKER
-    marker = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
-    if read_marker(marker_file) == marker:
+    identity = tiny_diffusion_identity(spec, seed)
+    if read_marker(path, SPEC_MARKER) == identity:
         return path
     tokenizer = build_word_tokenizer(spec.max_prompt_tokens)
     channels = spec.base_channels
@@ -147,14 +145,19 @@ def make_tiny_diffusion(output_dir: str | Path, spec: TinyDiffusionSpec | None =
         clip_sample=False,
         set_alpha_to_one=True,
     )
-    marker_file.unlink(missing_ok=True)  # an interrupted rebuild is never mistaken for the previous build
+    (path / SPEC_MARKER).unlink(missing_ok=True)  # an interrupted rebuild is never mistaken for the previous build
     path.mkdir(parents=True, exist_ok=True)
     unet.save_pretrained(path / "unet")
     text_encoder.save_pretrained(path / "text_encoder")
     tokenizer.save_pretrained(path / "tokenizer")
     scheduler.save_pretrained(path / "scheduler")
-    marker_file.write_text(json.dumps(marker, indent=2))
+    write_marker(path, SPEC_MARKER, identity)
     return path
+
+
+def tiny_diffusion_identity(spec: TinyDiffusionSpec, seed: int) -> dict[str, object]:
+    """What a tiny diffusion model's build marker vouches for: the build's version, the spec and the seed."""
+    return {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
 
 
 def parse_tiny_diffusion(reference: str) -> tuple[TinyDiffusionSpec, int]:
@@ -182,10 +185,17 @@ def resolve_diffusion_path(model_name_or_path: str, cache_dir: str | None = None
     """A local model directory for `model_name_or_path`; `tiny-diffusion://...` references are built on first use.
 
     Built once under `cache_dir` (default `$ROLL_CACHE_DIR` or `~/.cache/roll`) under a file lock, so
-    concurrent workers build it once. Other values pass through.
+    concurrent workers build it once, and renamed into place when whole. Other values pass through.
     """
     if not model_name_or_path.startswith(TINY_DIFFUSION_SCHEME):
         return model_name_or_path
     spec, seed = parse_tiny_diffusion(model_name_or_path)
-    build = lambda path: make_tiny_diffusion(path, spec, seed=seed)  # noqa: E731
-    return build_in_cache("tiny_diffusion", spec, seed, build, cache_dir)
+    identity = tiny_diffusion_identity(spec, seed)
+    return build_in_cache(
+        "tiny_diffusion",
+        spec,
+        seed,
+        lambda path: make_tiny_diffusion(path, spec, seed=seed),
+        lambda path: read_marker(path, SPEC_MARKER) == identity,
+        cache_dir,
+    )
