@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # exceed the 2 physical cores on purpose; workers cap their own threads.
 RAY_TEST_CPUS = 8
 TEST_DEVICES = 4
+# Ray returns a killed actor's or a removed placement group's resources asynchronously, within seconds.
+RELEASE_WAIT_S = 60
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +35,29 @@ def ray_session() -> Iterator[None]:
     init_ray(None, "roll-tests", RAY_TEST_CPUS, "cpu")
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_released_between_files() -> Iterator[None]:
+    """After a file's tests, wait until its placement groups and actors have given their resources back to the
+    session's Ray, so the next file's placements find them free instead of racing a release against its timeout."""
+    yield
+    import ray
+
+    if not ray.is_initialized():
+        return
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while (held := _held_resources()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not held, f"resources still held {RELEASE_WAIT_S} s after the file's tests ended: {held}"
+
+
+def _held_resources() -> dict[str, float]:
+    """What the session's Ray has reserved or lent out now (placement groups, actors), by resource."""
+    import ray
+
+    total, free = ray.cluster_resources(), ray.available_resources()
+    return {k: v - free.get(k, 0.0) for k, v in total.items() if k in ("CPU", "GPU") and free.get(k, 0.0) < v}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
