@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -28,8 +29,9 @@ def cache_root(cache_dir: str | None = None) -> Path:
 
 def unwritable_reason(path: str | Path) -> str | None:
     """Why directory `path` could not be created and written to (None: it could): a file in its place or on its
-    way, no write permission on the nearest folder that exists, or a place inside roll's cache, whose entries are
-    shared by every run and rebuilt when anything changes them. Nothing is created."""
+    way, a place inside roll's cache, whose entries are shared by every run and rebuilt when anything changes them,
+    or a folder that refuses a new entry (no permission, a read-only filesystem, /proc). Nothing is left behind:
+    the last check creates an empty folder in the nearest existing one and removes it."""
     existing = Path(path).expanduser().absolute()
     cache = cache_root().expanduser().absolute()
     if existing == cache or cache in existing.parents:
@@ -38,6 +40,8 @@ def unwritable_reason(path: str | Path) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".roll-write-check-", dir=existing))
+    except OSError as exc:
+        return f"{existing} refuses new folders ({exc.strerror or exc})"
     return None

@@ -489,6 +489,15 @@ def test_an_output_directory_that_cannot_be_written_is_a_config_error(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+@pytest.mark.parametrize("place", ["/proc/roll_output", "/sys/roll_output"])
+def test_an_output_directory_the_system_refuses_is_a_config_error_not_a_traceback(place: str) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"^output_dir='{place}' cannot be written: /\w+ refuses new folders \(.+\); "
+    ):
+        rlvr(f"output_dir={place}")
+    assert not Path(place).exists()
+
+
 def test_resume_from_checkpoint_honours_a_full_path_exactly_as_given(tmp_path: Path) -> None:
     other = tmp_path / "other_run" / "checkpoints"
     state = {"step": 2, "sampler": {"epoch": 0, "position": 4}, "val_history": []}
