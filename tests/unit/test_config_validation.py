@@ -489,6 +489,12 @@ def test_an_output_directory_that_cannot_be_written_is_a_config_error(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+def test_sglang_on_a_cpu_platform_is_refused_before_ray_starts() -> None:
+    refused = r"^actor_infer.strategy_args.strategy_name='sglang' needs GPUs .* this run's platform is cpu: use vllm"
+    with pytest.raises(ConfigError, match=refused):
+        rlvr("actor_infer.strategy_args.strategy_name=sglang")
+
+
 @pytest.mark.parametrize("place", ["/proc/roll_output", "/sys/roll_output"])
 def test_an_output_directory_the_system_refuses_is_a_config_error_not_a_traceback(place: str) -> None:
     with pytest.raises(

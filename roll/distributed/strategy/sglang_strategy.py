@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll.configs.schema import ConfigError
-from roll.configs.worker_config import GeneratingArguments
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineConfig, EngineStrategy, Samples
 from roll.distributed.strategy.response_scores import ScoredSequence
 from roll.distributed.strategy.strategy import ModelProvider
@@ -27,6 +27,7 @@ from roll.distributed.weight_sync.broadcast import GROUP_NAME
 from roll.distributed.weight_sync.buckets import NamedTensors, TensorSpec
 from roll.models.model_providers import dtype_from_name
 from roll.models.tiny import resolve_model_path
+from roll.platforms import current_platform
 
 
 @dataclass
@@ -69,6 +70,17 @@ class SglangStrategy(EngineStrategy):
             "enable_weights_cpu_backup",
         }
     )
+
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """The engine block parses, and the run's platform has devices SGLang runs on: it has no CPU build."""
+        super().check_config(worker_config)
+        platform = current_platform().name
+        if platform == "cpu":
+            raise ConfigError(
+                f"{worker_config.name}.strategy_args.strategy_name='sglang' needs GPUs (SGLang has GPU builds only) "
+                f"and this run's platform is {platform}: use vllm or hf_infer on CPU, or run on GPUs"
+            )
 
     @classmethod
     def _check_engine_config(cls, config: SglangConfig, where: str) -> None:
