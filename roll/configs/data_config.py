@@ -9,7 +9,8 @@ from roll.configs.schema import SEED, Rule, any_value, check, checked_in_validat
 
 _DATA_FILE = (
     "a .jsonl, .json, .parquet or .csv file, a list of such files, a directory written by `datasets`' "
-    "save_to_disk, or empty for the built-in task: whether it exists, parses and holds a batch is the filesystem's"
+    "save_to_disk, a hub dataset id (org/name[@revision][?subset=<name>&split=<name>]), or empty for the built-in "
+    "task: whether it exists, parses and holds a batch is the filesystem's (or the hub's)"
 )
 _COLUMN = check(nonempty=True, expect="a column name of the data files")
 # A missing domain column is an error only when the user named one; the default column is optional.

@@ -1,4 +1,7 @@
-"""What validation needs from a local model directory, read from its JSON files without loading the model."""
+"""What validation needs from a local model directory, read from its JSON files without loading the model.
+
+A model named by hub id has been fetched by then (roll/models/hub.py): validation reads its snapshot directory.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +41,9 @@ def read_model_dir(path: str, field: str, value: str) -> ModelFacts:
     where = f"{field}={value!r}"
     if not directory.is_dir():
         raise ConfigError(
-            f"{where}: no such directory ({directory.resolve()}); set it to a local Hugging Face model directory "
-            "(roll never downloads) or a tiny:// reference such as tiny://qwen2"
+            f"{where}: no such directory ({directory.resolve()}); set it to a local Hugging Face model directory, "
+            "a hub id (org/name or org/name@revision, fetched into the Hugging Face cache when the config "
+            "validates) or a tiny:// reference such as tiny://qwen2"
         )
     config = _read_json(directory / "config.json", where)
     present = [name for name in TOKENIZER_FILES if (directory / name).is_file()]

@@ -31,7 +31,8 @@ class ModelArguments:
     model_name_or_path: str = field(
         default="",
         metadata=checked_in_validate(
-            "a local Hugging Face directory or a tiny:// reference: whether it exists and parses is the filesystem's",
+            "a local Hugging Face directory, a hub id (org/name[@revision]) or a tiny:// reference: whether it "
+            "exists and parses is the filesystem's (or the hub's)",
             bad="/no/such/model/directory",
         ),
     )

@@ -5,7 +5,8 @@ roll's columns: `messages` (the prompt as a conversation of {role, content} endi
 reward cluster scores the row).
 
 Every message about a row names it as the user finds it (`Source.row`): its file and line in a .jsonl,
-.csv or JSON-lines .json file, its file and row in a JSON array, .parquet file or save_to_disk directory.
+.csv or JSON-lines .json file, its file and row in a JSON array, .parquet file or save_to_disk directory;
+its row in the split of a hub dataset (a setting such as `data.train_file=org/name?subset=main&split=test`).
 A file `datasets` cannot read is searched for its first malformed line, which the error then names.
 """
 
@@ -24,6 +25,8 @@ import datasets
 
 from roll.configs.data_config import DEFAULT_DOMAIN, DEFAULT_DOMAIN_KEY, DataArguments
 from roll.configs.schema import ConfigError
+from roll.models.hub import HubRef, fetch, parse_hub_ref
+from roll.utils.imports import exception_line
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ROLES = ("system", "user", "assistant")
@@ -31,7 +34,8 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass(frozen=True)
 class Source:
-    """Where a split's rows come from: a setting and the files it gives, or only a name for rows built in.
+    """Where a split's rows come from: a setting and the files (or the hub dataset) it gives, or only a name for
+    rows built in.
 
     `str(source)` is the setting with its value (`data.train_file='train.jsonl'`); `row(i)` names row `i`
     (from 0, over the files in order) by file and line, or file and row where the format has no lines.
@@ -40,12 +44,17 @@ class Source:
     setting: str
     files: tuple[str, ...] = ()
     listed: bool = False  # the setting's value is a list of files
+    hub: HubRef | None = None  # the setting's value is a hub dataset id (files then holds that id)
 
     @classmethod
     def of(cls, setting: str, value: str | Sequence[str]) -> Source:
-        """The files `setting` gives as `value`: one path or a list of them."""
-        listed = not isinstance(value, str)
-        return cls(setting, tuple(value) if listed else (value,), listed)
+        """The files `setting` gives as `value`: one path, a list of them, or one hub dataset id."""
+        if not isinstance(value, str):
+            return cls(setting, tuple(value), listed=True)
+        try:
+            return cls(setting, (value,), hub=parse_hub_ref(value, "dataset"))
+        except ValueError as exc:
+            raise ConfigError(f"{setting}={value!r}: {exc}") from exc
 
     def __str__(self) -> str:
         if not self.files:
@@ -57,7 +66,10 @@ class Source:
         return f"{self.setting}[{position}]={self.files[position]!r}" if self.listed else str(self)
 
     def row(self, index: int) -> str:
-        """Row `index` as a user finds it: `<file> line N` (or `<file> row N`); `<name> row N` for built-in rows."""
+        """Row `index` as a user finds it: `<file> line N` (or `<file> row N`); `<name> row N` for built-in rows and
+        the rows of a hub dataset."""
+        if self.hub is not None:
+            return f"{self} row {index}"
         start = 0
         for position, path in enumerate(self.files):
             lines = record_lines(Path(path))
@@ -176,7 +188,10 @@ def quiet_progress() -> Iterator[None]:
 
 
 def read_table(source: Source) -> datasets.Dataset:
-    """The rows of `source`'s files: one file, several files of one format, or a `save_to_disk` directory."""
+    """The rows of `source`'s files (one file, several files of one format, or a `save_to_disk` directory) or of its
+    hub dataset's split."""
+    if source.hub is not None:
+        return _from_hub(source, source.hub)
     paths = [Path(f) for f in source.files]
     for path in paths:
         if not path.exists():
@@ -240,6 +255,16 @@ def _from_disk(path: Path, source: Source) -> datasets.Dataset:
     return _nonempty(table, source)
 
 
+def _from_hub(source: Source, ref: HubRef) -> datasets.Dataset:
+    """The split of the hub dataset `ref`, read by `datasets` from its snapshot (fetched into the hub's cache now)."""
+    snapshot = fetch(ref, "dataset", str(source))
+    try:
+        table = datasets.load_dataset(snapshot, name=ref.subset, split=ref.split)
+    except Exception as exc:  # datasets raises many types (an unknown subset or split among them); the user needs why
+        raise ConfigError(f"{source}: the hub dataset {ref} does not read ({exception_line(exc)})") from exc
+    return _nonempty(table, source)
+
+
 def _nonempty(table: datasets.Dataset, source: Source) -> datasets.Dataset:
     if len(table) == 0:
         raise ConfigError(f"{source}: it holds no problems")
@@ -253,7 +278,7 @@ def check_text_columns(table: datasets.Dataset, source: Source, columns: Collect
     mixed = [c for c in columns if isinstance(table.features.get(c), datasets.Json)]
     if not mixed:
         return
-    for position, path in enumerate(source.files):
+    for position, path in enumerate(() if source.hub is not None else source.files):
         if (found := malformed_line(Path(path), mixed)) is not None:
             raise ConfigError(f"{source.file(position)} line {found[0]}: {found[1]}")
     raise ConfigError(f"{source}: column {mixed[0]!r} holds values of different types; give it one type")

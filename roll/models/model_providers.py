@@ -111,6 +111,7 @@ def _model_dir(model_name_or_path: str) -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model_args.model_name_or_path={model_name_or_path!r}: {path.resolve()} is not a local Hugging Face "
-            "model directory (no config.json); models load from local directories only"
+            "model directory (no config.json); workers load local directories only (the config's validation "
+            "fetches a hub id and puts its snapshot directory there)"
         )
     return path

@@ -27,6 +27,7 @@ from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.scheduler.placement import ClusterShape, rank_placements
 from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import check_strategy_args, strategy_class
+from roll.models.hub import resolve_model_id
 from roll.models.model_providers import peek_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.dry_run.model_shape import tiny_shape
@@ -142,7 +143,8 @@ class PipelineConfig:
         return 0, 0, None
 
     def validate(self) -> None:
-        """Resolve defaults that depend on the machine and check every role; raise ConfigError."""
+        """Resolve defaults that depend on the machine, check every role and fetch the models named by hub id; raise
+        ConfigError."""
         from roll.platforms import PLATFORM_ENV, current_platform, detect_platform
 
         if self.platform == "auto":
@@ -171,6 +173,27 @@ class PipelineConfig:
                 raise ConfigError(f"{name}.{exc}") from exc
             check_role_arguments(role)
             check_strategy_args(role)
+        self.resolve_hub_models()
+
+    def resolve_hub_models(self) -> None:
+        """Fetch every model named by hub id (`org/name[@revision]`) now, in the driver, and put its local snapshot
+        directory in the setting: workers then open local files only (roll/models/hub.py). An error names `pretrain`
+        when the value is the one `pretrain` gives."""
+        pretrain = getattr(self, "pretrain", "")
+        warm_start = getattr(self, "warm_start", None)  # the diffusion pipeline's: it writes the actor's model itself
+        written = warm_start.output_dir if warm_start is not None and warm_start.base_model else None
+        settings = [
+            (f"{name}.model_args.model_name_or_path", role.model_args, "model_name_or_path")
+            for name, role in self.roles().items()
+        ]
+        if warm_start is not None:
+            settings.append(("warm_start.base_model", warm_start, "base_model"))
+        resolved: dict[str, str] = {}
+        for setting, owner, attribute in settings:
+            value = getattr(owner, attribute)
+            if value and value != written and value not in resolved:
+                resolved[value] = resolve_model_id(value, "pretrain" if value == pretrain else setting)
+            setattr(owner, attribute, resolved.get(value, value))
 
     def written_dirs(self) -> dict[str, str]:
         """The directories the run writes to, by setting: output_dir, run_dir and the export directory if any."""
@@ -202,8 +225,8 @@ class PipelineConfig:
             field_name, value = f"{role.name}.model_args.model_name_or_path", role.model_args.model_name_or_path
             if not value:
                 raise ConfigError(
-                    f"{field_name} is empty: set it to a local Hugging Face model directory or a tiny:// reference "
-                    "such as tiny://qwen2"
+                    f"{field_name} is empty: set it to a local Hugging Face model directory, a hub id (org/name) or "
+                    "a tiny:// reference such as tiny://qwen2"
                 )
             if value in by_path:
                 pass

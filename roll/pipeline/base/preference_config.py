@@ -11,6 +11,7 @@ import torch
 from roll.configs.data_config import FORMAT_FIELDS, ROWS_PER_EXAMPLE, PreferenceDataArguments
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.models.hub import parse_hub_ref
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.pipeline_config import checked_tokenizer
 from roll.pipeline.base.training_config import TrainingRunConfig
@@ -31,7 +32,8 @@ class PreferenceRunConfig(TrainingRunConfig):
         """A missing `pretrain` directory is most often an earlier run's export not written yet: say `why` it is
         needed and that `command` writes it (to <output_dir>/<run>/model)."""
         path = self.pretrain
-        if path and not path.startswith(TINY_SCHEME) and not Path(path).is_dir():
+        local = path and not path.startswith(TINY_SCHEME) and parse_hub_ref(path) is None  # a hub id is fetched later
+        if local and not Path(path).is_dir():
             raise ConfigError(
                 f"pretrain={path!r} does not exist: {why} (`{command}` writes <output_dir>/{run}/model) or set "
                 "pretrain to a model directory"

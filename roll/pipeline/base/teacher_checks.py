@@ -10,6 +10,7 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.strategy.engine_strategy import EngineStrategy
 from roll.distributed.strategy.registry import strategy_class
+from roll.models.hub import parse_hub_ref
 from roll.models.model_providers import peek_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.dry_run.model_shape import model_shape
@@ -22,7 +23,8 @@ def check_teacher_model(name: str, teacher: WorkerConfig) -> None:
     """A missing directory for teacher role `name` is most often the main job's export not written yet: say how to
     write it (checked before the roles resolve, which would only say that the directory is missing)."""
     path = teacher.model_args.model_name_or_path
-    if path and not path.startswith(TINY_SCHEME) and not Path(path).expanduser().is_dir():
+    local = path and not path.startswith(TINY_SCHEME) and parse_hub_ref(path) is None  # a hub id is fetched later
+    if local and not Path(path).expanduser().is_dir():
         raise ConfigError(
             f"{name}.model_args.model_name_or_path={path!r} does not exist: the default teacher is the policy "
             f"`bash scripts/run.sh` trains (SFT, then RLVR) and exports to {RUN_SH_EXPORT}; run it first, or set "
