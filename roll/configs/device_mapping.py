@@ -10,11 +10,18 @@ _RANGE_CALL = re.compile(r"^\s*(?:list\()?\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?
 _SPAN = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
-def parse_device_mapping(value: str | int | list[int], field: str) -> list[int]:
-    """Global device indices from a list, an int, `"0-3"`, `"0,2,4-7"` or `"list(range(0, 4))"`.
+ALL_DEVICES = "all"
+
+
+def parse_device_mapping(value: str | int | list[int], field: str, total_devices: int | None = None) -> list[int]:
+    """Global device indices from a list, an int, `"0-3"`, `"0,2,4-7"`, `"list(range(0, 4))"`, or `"all"`: every
+    device of a cluster of `total_devices` (none while the cluster's size is not known yet), so that a recipe whose
+    roles share all devices follows num_nodes and devices_per_node.
 
     The string forms are parsed, never evaluated. Indices must be unique and non-negative.
     """
+    if value == ALL_DEVICES:
+        return [] if total_devices is None else list(range(total_devices))
     if isinstance(value, bool):
         raise ConfigError(f"{field}: expected device indices, got {value!r}")
     if isinstance(value, int):

@@ -179,7 +179,7 @@ class WorkerConfig:
         self.devices = []
 
     def _resolve_devices(self, name: str, total_devices: int) -> None:
-        devices = parse_device_mapping(self.device_mapping, f"{name}.device_mapping")
+        devices = parse_device_mapping(self.device_mapping, f"{name}.device_mapping", total_devices)
         beyond = [d for d in devices if d >= total_devices]
         if beyond:
             raise ConfigError(

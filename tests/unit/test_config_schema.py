@@ -73,6 +73,13 @@ def test_device_mapping_forms(value: object, devices: list[int]) -> None:
     assert parse_device_mapping(value, "actor.device_mapping") == devices
 
 
+def test_all_devices_follow_the_clusters_size() -> None:
+    assert parse_device_mapping("all", "actor.device_mapping", total_devices=3) == [0, 1, 2]
+    assert parse_device_mapping("all", "actor.device_mapping") == []  # the schema's check, before the size is known
+    config = check_config(num_nodes=2, actor_train={"worker_cls": CHECK_WORKER, "device_mapping": "all"})
+    assert config.actor_train.devices == [0, 1, 2, 3] and config.actor_train.world_size == 4
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
