@@ -80,7 +80,7 @@ def fetch(ref: HubRef, kind: RepoKind, where: str) -> str:
 
     A ConfigError starting with `where` (the setting and its value) names the id and the fix when it cannot be had.
     """
-    hub = selected_hub(where)
+    hub = _selected_hub(where)
     try:
         if hub == "modelscope":
             return _modelscope_snapshot(ref, kind)
@@ -90,7 +90,7 @@ def fetch(ref: HubRef, kind: RepoKind, where: str) -> str:
         raise ConfigError(f"{where}: no local path of that name, and {_why(exc, ref, kind, hub)}") from exc
 
 
-def selected_hub(where: str) -> str:
+def _selected_hub(where: str) -> str:
     """The hub ids are fetched from: `ROLL_MODEL_HUB` (default huggingface); a ConfigError for another value, or
     for modelscope while its package is missing."""
     hub = os.environ.get(HUB_ENV, "huggingface").strip().lower() or "huggingface"
