@@ -199,8 +199,10 @@ def _usable(problems: list[str]) -> list[bool]:
 
 
 def response_ids(text: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The token ids of a response `text`, ending with EOS (the model learns to stop there)."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    """The token ids of a response `text`, ending with EOS (the model learns to stop there). Blank text (spaces,
+    newlines) is an empty response: EOS alone, which `usable_rows` drops with the empty ones."""
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"] if text.strip() else []
+    return [*tokens, tokenizer.eos_token_id]
 
 
 def encode_row(

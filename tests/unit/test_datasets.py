@@ -379,6 +379,8 @@ DEGENERATE = [
     ("prompts", {"prompt": "2+2=", "answer": ""}, "an empty demonstration"),
     ("pairs", {"prompt": "2+2=", "chosen": "4", "rejected": "4"}, "the same chosen response and rejected response"),
     ("pairs", {"prompt": "2+2=", "chosen": "4", "rejected": ""}, "an empty chosen response or rejected response"),
+    ("pairs", {"prompt": "2+2=", "chosen": " \n ", "rejected": "5"}, "an empty chosen response or rejected response"),
+    ("prompts", {"prompt": "2+2=", "answer": "  "}, "an empty demonstration"),
     ("unpaired", {"prompt": "2+2=", "completion": "", "label": 0}, "an empty completion"),
     ("steps", {"prompt": "2+2=", "completions": [""], "labels": [1]}, "an empty response"),
 ]
