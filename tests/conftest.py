@@ -6,8 +6,12 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.worker_pool import HostPool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "examples" / "config"
@@ -35,6 +39,16 @@ def ray_session() -> Iterator[None]:
     init_ray(None, "roll-tests", RAY_TEST_CPUS, "cpu")
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def host_pool(ray_session: None) -> Iterator[HostPool]:
+    """Worker processes the strategy tests of this test process start their roles in (tests/worker_pool.py)."""
+    from tests.worker_pool import HostPool
+
+    pool = HostPool()
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -29,6 +29,7 @@ from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
 from tests.strategy_workers import next_token_log_probs
+from tests.worker_pool import HostPool
 
 WORKER = "tests.strategy_workers.StrategyWorker"
 BLOCKS = {p.stem: yaml.safe_load(p.read_text())[p.stem] for p in sorted(CONFIG_DIR.glob("deepspeed_zero*.yaml"))}
@@ -84,6 +85,7 @@ def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
 
 
 def start_role(
+    pool: HostPool,
     manager: ResourceManager,
     model_path: str,
     block: dict,
@@ -117,7 +119,7 @@ def start_role(
         ),
     )
     config.resolve("actor", manager.total_devices)
-    cluster = Cluster(WORKER, config, manager)
+    cluster = pool.start(WORKER, config, manager)
     cluster.initialize()
     return cluster
 
@@ -133,9 +135,15 @@ def train_losses(cluster: Cluster, batch: DataProto, steps: int) -> list[float]:
 
 
 def run_stage(
-    manager: ResourceManager, model_path: str, batch: DataProto, stage: int, dtype: str, **options: object
+    pool: HostPool,
+    manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    stage: int,
+    dtype: str,
+    **options: object,
 ) -> list[float]:
-    cluster = start_role(manager, model_path, zero_block(stage), dtype=dtype, **options)
+    cluster = start_role(pool, manager, model_path, zero_block(stage), dtype=dtype, **options)
     try:
         return train_losses(cluster, batch, 3)
     finally:
@@ -150,12 +158,15 @@ def require_cpu_dtype(dtype: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def fp32_losses(resource_manager: ResourceManager, model_path: str, batch: DataProto) -> list[float]:
+def fp32_losses(
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str, batch: DataProto
+) -> list[float]:
     """Three fp32 steps at ZeRO stage 0: the losses every other precision and stage is compared with."""
-    return run_stage(resource_manager, model_path, batch, 0, "fp32")
+    return run_stage(host_pool, resource_manager, model_path, batch, 0, "fp32")
 
 
 def test_same_losses_at_every_zero_stage_in_fp32(
+    host_pool: HostPool,
     resource_manager: ResourceManager,
     model_path: str,
     batch: DataProto,
@@ -166,26 +177,31 @@ def test_same_losses_at_every_zero_stage_in_fp32(
     assert fp32_losses[-1] < fp32_losses[0]  # it learns
     # Stages 2 and 3 come from the checkpointed runs, whose third step follows the save (and, at stage 3, the
     # log-probs and the export): none of them may change what the next step computes.
-    stage_1 = run_stage(resource_manager, model_path, batch, 1, "fp32")
+    stage_1 = run_stage(host_pool, resource_manager, model_path, batch, 1, "fp32")
     for stage, losses in ((1, stage_1), (2, zero2_run.losses[:3]), (3, zero3_run.losses[:3])):
         assert losses == pytest.approx(fp32_losses, rel=1e-5), f"stage {stage}: {losses} vs {fp32_losses}"
-    checkpointed = run_stage(resource_manager, model_path, batch, 2, "fp32", gradient_checkpointing=True)
+    checkpointed = run_stage(host_pool, resource_manager, model_path, batch, 2, "fp32", gradient_checkpointing=True)
     assert checkpointed == pytest.approx(fp32_losses, rel=1e-5)
     # One rank alone skips DeepSpeed's stage-0 gradient all-reduce (a flattened copy of every gradient) and loses
     # nothing.
     alone = run_stage(
-        resource_manager, model_path, batch[SAME_STEPS_ON_ONE_RANK], 0, "fp32", devices="0", accumulation=4
+        host_pool, resource_manager, model_path, batch[SAME_STEPS_ON_ONE_RANK], 0, "fp32", devices="0", accumulation=4
     )
     assert alone == pytest.approx(fp32_losses, rel=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_16_bit_training_follows_fp32(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, fp32_losses: list[float], dtype: str
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    fp32_losses: list[float],
+    dtype: str,
 ) -> None:
     require_cpu_dtype(dtype)
     for stage in (0, 3) if dtype == "bf16" else (2,):
-        losses = run_stage(resource_manager, model_path, batch, stage, dtype)
+        losses = run_stage(host_pool, resource_manager, model_path, batch, stage, dtype)
         if dtype == "bf16":
             assert losses == pytest.approx(fp32_losses, rel=3e-2), f"stage {stage}: {losses} vs {fp32_losses}"
         else:
@@ -195,9 +211,9 @@ def test_16_bit_training_follows_fp32(
 
 @pytest.mark.parametrize("block_name", ["deepspeed_zero2_cpuoffload", "deepspeed_zero3_cpuoffload"])
 def test_offload_blocks_train(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, block_name: str
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str, batch: DataProto, block_name: str
 ) -> None:
-    cluster = start_role(resource_manager, model_path, copy.deepcopy(BLOCKS[block_name]))
+    cluster = start_role(host_pool, resource_manager, model_path, copy.deepcopy(BLOCKS[block_name]))
     try:
         losses = train_losses(cluster, batch, 4)
         # The states live in host memory on a CPU platform: phases do not call an offload that moves nothing.
@@ -219,10 +235,10 @@ class CheckpointedRun:
 
 
 def checkpointed_run(
-    manager: ResourceManager, model_path: str, batch: DataProto, block: dict, out: Path
+    pool: HostPool, manager: ResourceManager, model_path: str, batch: DataProto, block: dict, out: Path
 ) -> CheckpointedRun:
     """Train `block` two calls, save, score and export into `out`, then train two more calls."""
-    cluster = start_role(manager, model_path, block)
+    cluster = start_role(pool, manager, model_path, block)
     try:
         losses = train_losses(cluster, batch, 2)
         assert cluster.save_checkpoint(str(out / "checkpoints"), "step2") == [str(out / "checkpoints" / "step2")] * 2
@@ -235,10 +251,16 @@ def checkpointed_run(
 
 
 def resumed_losses(
-    manager: ResourceManager, model_path: str, batch: DataProto, block: dict, checkpoint_dir: Path, **options: object
+    pool: HostPool,
+    manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    block: dict,
+    checkpoint_dir: Path,
+    **options: object,
 ) -> list[float]:
     """Two train calls' losses of a new cluster loaded from `checkpoint_dir`'s latest checkpoint."""
-    cluster = start_role(manager, model_path, block, **options)
+    cluster = start_role(pool, manager, model_path, block, **options)
     try:
         cluster.load_checkpoint(str(checkpoint_dir))
         return train_losses(cluster, batch, 2)
@@ -248,31 +270,52 @@ def resumed_losses(
 
 @pytest.fixture(scope="module")
 def zero2_run(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> CheckpointedRun:
-    return checkpointed_run(resource_manager, model_path, batch, zero_block(2), tmp_path_factory.mktemp("zero2"))
+    return checkpointed_run(
+        host_pool, resource_manager, model_path, batch, zero_block(2), tmp_path_factory.mktemp("zero2")
+    )
 
 
 @pytest.fixture(scope="module")
 def zero3_run(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> CheckpointedRun:
-    return checkpointed_run(resource_manager, model_path, batch, zero_block(3), tmp_path_factory.mktemp("zero3"))
+    return checkpointed_run(
+        host_pool, resource_manager, model_path, batch, zero_block(3), tmp_path_factory.mktemp("zero3")
+    )
 
 
 def test_save_then_load_continues_exactly(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, zero2_run: CheckpointedRun
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    zero2_run: CheckpointedRun,
 ) -> None:
-    resumed = resumed_losses(resource_manager, model_path, batch, zero_block(2), zero2_run.checkpoint_dir)
+    resumed = resumed_losses(host_pool, resource_manager, model_path, batch, zero_block(2), zero2_run.checkpoint_dir)
     assert resumed == pytest.approx(zero2_run.losses[2:], rel=1e-6)
 
 
 def test_two_rank_checkpoint_resumes_on_one_rank(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, zero3_run: CheckpointedRun
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    zero3_run: CheckpointedRun,
 ) -> None:
     # One rank keeps the global batch (micro 2 x accumulation 4 x 1 rank = 2 x 2 x 2 ranks) and, with
     # rows reordered, each optimizer step sees the rows the two ranks saw together.
     resumed = resumed_losses(
+        host_pool,
         resource_manager,
         model_path,
         batch[SAME_STEPS_ON_ONE_RANK],
@@ -298,9 +341,9 @@ def test_hf_export_loads_with_equal_logits(model_path: str, batch: DataProto, ze
 
 
 def test_lora_trains_adapters_and_exports_a_merged_plain_model(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
 ) -> None:
-    cluster = start_role(resource_manager, model_path, zero_block(3), lora_rank=8)
+    cluster = start_role(host_pool, resource_manager, model_path, zero_block(3), lora_rank=8)
     try:
         losses = train_losses(cluster, batch, 3)
         strategy_log_probs = cluster.log_probs(batch).batch["log_probs"]
@@ -325,11 +368,11 @@ def test_lora_trains_adapters_and_exports_a_merged_plain_model(
 
 
 def test_zero3_inference_generation_with_uneven_lengths_finishes(
-    resource_manager: ResourceManager, eos_list_path: str, batch: DataProto
+    host_pool: HostPool, resource_manager: ResourceManager, eos_list_path: str, batch: DataProto
 ) -> None:
     """ZeRO-3 generation on a model with a list of EOS ids and no pad: ranks stay in step, and the greedy samples,
     their lengths and stop reasons are hf_infer's."""
-    cluster = start_role(resource_manager, eos_list_path, zero_block(3), strategy="deepspeed_infer")
+    cluster = start_role(host_pool, resource_manager, eos_list_path, zero_block(3), strategy="deepspeed_infer")
     greedy_args = GeneratingArguments(max_new_tokens=12, do_sample=False)
     try:
         args = GeneratingArguments(max_new_tokens=12, do_sample=True, temperature=1.5, seed=3)
@@ -352,8 +395,10 @@ def test_zero3_inference_generation_with_uneven_lengths_finishes(
     assert expected.truncated.any() and not expected.truncated.all()
 
 
-def test_hf_infer_matches_the_plain_model(resource_manager: ResourceManager, model_path: str, batch: DataProto) -> None:
-    cluster = start_role(resource_manager, model_path, {}, strategy="hf_infer")
+def test_hf_infer_matches_the_plain_model(
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str, batch: DataProto
+) -> None:
+    cluster = start_role(host_pool, resource_manager, model_path, {}, strategy="hf_infer")
     try:
         log_probs = cluster.log_probs(batch).batch["log_probs"]
         greedy = cluster.generate(batch, GeneratingArguments(max_new_tokens=6, do_sample=False)).batch["output_ids"]
@@ -383,7 +428,7 @@ def infinity_block(device: str, nvme_dir: Path) -> dict:
 
 
 def test_zero_infinity_nvme_offload_follows_cpu_offload(
-    resource_manager: ResourceManager, batch: DataProto, tmp_path: Path
+    host_pool: HostPool, resource_manager: ResourceManager, batch: DataProto, tmp_path: Path
 ) -> None:
     """ZeRO-3 with parameters and Adam states swapped to disk (DeepSpeed's async I/O op over libaio) trains the same
     losses as with them in host memory, and the swap files hold them while the engine lives."""
@@ -396,7 +441,7 @@ def test_zero_infinity_nvme_offload_follows_cpu_offload(
     swap_dir = tmp_path / "nvme"
     losses, swapped_bytes = {}, 0
     for device in ("cpu", "nvme"):
-        cluster = start_role(resource_manager, model_path, infinity_block(device, swap_dir))
+        cluster = start_role(host_pool, resource_manager, model_path, infinity_block(device, swap_dir))
         try:
             losses[device] = train_losses(cluster, batch, 3)
             swapped_bytes = sum(f.stat().st_size for f in swap_dir.rglob("*") if f.is_file())

@@ -234,13 +234,18 @@ class Cluster:
         return future.get() if blocking else future
 
     def shutdown(self, close_timeout_s: float = 60) -> None:
-        """Let every actor release what it started (`Worker.close`: engines, child processes), then kill it."""
-        closing = [worker.close.remote() for worker in self.workers]
+        """Let every actor release what it started (`Worker.close`: engines, child processes), then kill it; a worker
+        in a WorkerHost is closed and removed from its host instead (the host holds other roles too: its owner stops
+        it)."""
+        closing = [
+            worker.host.remove.remote(worker.role) if isinstance(worker, HostedWorker) else worker.close.remote()
+            for worker in self.workers
+        ]
         try:
             ray.get(closing, timeout=close_timeout_s)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:  # killed below all the same
             logger.warning("%s: closing its workers failed (%s); killing them", self.name, exc)
         for worker in self.workers:
-            if not isinstance(worker, HostedWorker):  # a host holds other roles too: its owner stops it
+            if not isinstance(worker, HostedWorker):
                 ray.kill(worker, no_restart=True)
         self.workers.clear()

@@ -12,11 +12,16 @@ environment, strategies that run in-process (hf_infer, DeepSpeed; engines such a
 processes of their own and stay apart), at most one role that forms a torch process group (the
 DeepSpeed ones), and no ZeRO-3 role, whose model loading switches transformers' process-wide
 ZeRO-3 mode on.
+
+A host outlives its roles when `remove` takes them out one by one (tests reuse hosts this way); `leftovers` then
+names whatever a removed role left behind in the process.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +31,7 @@ import ray
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.worker import Worker
 from roll.distributed.strategy.deepspeed_config import zero_stage
+from roll.third_party.deepspeed import process_state
 
 # The roles' workers hosted by this process, by role name (empty outside a WorkerHost), and why any failed to start.
 HOSTED: dict[str, Worker] = {}
@@ -36,7 +42,11 @@ PROCESS_GROUP_STRATEGIES = frozenset({"deepspeed_train", "deepspeed_infer"})
 
 class WorkerHost:
     """A Ray actor holding one rank of several roles that share its devices; `add` creates a role's worker in it,
-    `call` runs one of the worker's methods."""
+    `call` runs one of the worker's methods, `remove` takes the role out again."""
+
+    def __init__(self) -> None:
+        # Restored when the last role leaves: roles set their rank's variables, and the rendezvous its address.
+        self.environ = dict(os.environ)
 
     def add(self, role: str, worker_cls: type[Worker], config: WorkerConfig, env: dict[str, str]) -> None:
         """Create `role`'s worker here with `env` (its rank's variables) set, as a worker process of its own has."""
@@ -52,6 +62,62 @@ class WorkerHost:
         if role in FAILED:
             raise RuntimeError(f"{role}'s worker failed to start in this process: {FAILED[role]!r}") from FAILED[role]
         return getattr(HOSTED[role], method)(*args, **kwargs)
+
+    def remove(self, role: str) -> None:
+        """Close `role`'s worker (`Worker.close`: its strategy leaves the process group and drops process-wide state)
+        and forget it; once no role is left, restore the environment the host started with and collect the garbage,
+        so the models and engines of the roles that left are freed."""
+        FAILED.pop(role, None)
+        worker = HOSTED.pop(role, None)
+        try:
+            if worker is not None:
+                worker.close()
+        finally:
+            del worker
+            if not HOSTED:
+                for name in os.environ.keys() - self.environ.keys():
+                    del os.environ[name]
+                os.environ.update(self.environ)
+                gc.collect()
+
+    def leftovers(self) -> list[str]:
+        """What the roles that were here left in this process, one description each; empty when the next role finds
+        the process as a new host would be: no role, no process group, transformers out of ZeRO-3 mode, DeepSpeed's
+        process-wide state reset (`roll.third_party.deepspeed.process_state`), no model or engine alive and the
+        host's first environment."""
+        found = [f"role {role!r} is still hosted" for role in HOSTED]
+        found += [f"role {role!r} failed and was not removed" for role in FAILED]
+        distributed = sys.modules.get("torch.distributed")
+        if distributed is not None and distributed.is_available() and distributed.is_initialized():
+            found.append("torch's default process group is still initialised")
+        hf_deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+        if hf_deepspeed is not None and hf_deepspeed.is_deepspeed_zero3_enabled():
+            found.append("transformers is still in ZeRO-3 mode (an HfDeepSpeedConfig is alive)")
+        found += process_state.leftovers()
+        found += _live_models()
+        changed = sorted(k for k in os.environ.keys() | self.environ.keys() if os.environ.get(k) != self.environ.get(k))
+        if changed:
+            found.append(f"environment variables differ from the host's start: {', '.join(changed)}")
+        return found
+
+
+def _live_models() -> list[str]:
+    """The parts of models (torch modules holding parameters or buffers) and the DeepSpeed engines still alive after a
+    garbage collection, counted by type. Modules without either, such as the activation functions transformers
+    creates once at import, are no role's."""
+    torch_nn = sys.modules.get("torch.nn")
+    if torch_nn is None:
+        return []
+    engine = getattr(sys.modules.get("deepspeed.runtime.engine"), "DeepSpeedEngine", None)
+    gc.collect()
+    counts: dict[str, int] = {}
+    for obj in gc.get_objects():
+        kind = type(obj)  # not isinstance: that would ask every object for its __class__, which some proxies warn about
+        if issubclass(kind, torch_nn.Module) and (
+            obj._parameters or obj._buffers or (engine and issubclass(kind, engine))
+        ):
+            counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
+    return [f"{count} {name} object(s) still alive" for name, count in sorted(counts.items())]
 
 
 class _HostedMethod:

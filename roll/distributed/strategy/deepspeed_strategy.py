@@ -250,11 +250,23 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         return None
 
     def shutdown(self) -> None:
-        """Destroy the engine and leave the process group."""
+        """Destroy the engine, leave the process group and reset the process-wide state the engine set up
+        (transformers' ZeRO-3 loading, DeepSpeed's groups, counters and caches), so another role can start in this
+        process as in a new one."""
+        import deepspeed
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        from roll.third_party.deepspeed.process_state import reset_after_engine
+
         self.engine.destroy()
-        self.engine = None
+        if self._hf_ds_config is not None:
+            unset_hf_deepspeed_config()
+            self._hf_ds_config = None
         if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            # DeepSpeed's own call also drops the groups it caches, which would outlive the destroyed group.
+            deepspeed.comm.destroy_process_group()
+        reset_after_engine(self.engine.module)
+        self.engine = None
 
 
 class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
