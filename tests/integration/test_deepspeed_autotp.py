@@ -31,6 +31,7 @@ from tests.integration.test_deepspeed_strategy import (
     zero_block,
 )
 from tests.strategy_workers import next_token_log_probs
+from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
 # The tiny model, its 16-row batch and the 2-device reservation of the plain DeepSpeed strategy tests.
@@ -67,17 +68,22 @@ def train_and_export(cluster: Cluster, batch: DataProto, export_dir: Path) -> tu
 
 @pytest.fixture(scope="module")
 def unsharded(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    batch: DataProto,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[list[float], Path]:
     """One rank without tensor parallelism, same micro-batches and steps: losses and its export."""
     export_dir = tmp_path_factory.mktemp("tp1") / "hf"
-    cluster = start_role(resource_manager, model_path, zero_block(1), devices="0")
+    cluster = start_role(host_pool, resource_manager, model_path, zero_block(1), devices="0")
     losses, _ = train_and_export(cluster, batch, export_dir)
     return losses, export_dir
 
 
 @pytest.mark.parametrize("stage", [1, 3])
 def test_tp2_trains_like_one_rank_and_exports_full_weights(
+    host_pool: HostPool,
     resource_manager: ResourceManager,
     model_path: str,
     batch: DataProto,
@@ -85,7 +91,7 @@ def test_tp2_trains_like_one_rank_and_exports_full_weights(
     tmp_path: Path,
     stage: int,
 ) -> None:
-    cluster = start_role(resource_manager, model_path, autotp_block(stage))
+    cluster = start_role(host_pool, resource_manager, model_path, autotp_block(stage))
     layout = [(r.dp_rank, r.dp_size, r.tp_rank, r.tp_size) for r in cluster.rank_infos]
     assert layout == [(0, 1, 0, 2), (0, 1, 1, 2)]  # one data-parallel group of two tensor-parallel ranks
     losses, log_probs = train_and_export(cluster, batch, tmp_path / "hf")
@@ -101,10 +107,10 @@ def test_tp2_trains_like_one_rank_and_exports_full_weights(
 
 
 def test_tp2_checkpoint_resumes_with_the_same_losses(
-    resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
 ) -> None:
-    run = checkpointed_run(resource_manager, model_path, batch, autotp_block(1), tmp_path)
-    resumed = resumed_losses(resource_manager, model_path, batch, autotp_block(1), run.checkpoint_dir)
+    run = checkpointed_run(host_pool, resource_manager, model_path, batch, autotp_block(1), tmp_path)
+    resumed = resumed_losses(host_pool, resource_manager, model_path, batch, autotp_block(1), run.checkpoint_dir)
     assert resumed == pytest.approx(run.losses[2:], rel=1e-6)
     model_states = sorted(p.name for p in (run.checkpoint_dir / "step2" / "state").glob("mp_rank_*"))
     assert model_states == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # one per tensor-parallel rank
@@ -177,16 +183,23 @@ def state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fused_qkv_unsharded(
-    resource_manager: ResourceManager, fused_qkv_path: str, batch: DataProto, tmp_path_factory: pytest.TempPathFactory
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    fused_qkv_path: str,
+    batch: DataProto,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, torch.Tensor]:
     """The Falcon's weights after the same steps on one rank without tensor parallelism."""
     export_dir = tmp_path_factory.mktemp("falcon_tp1") / "hf"
-    train_export_and_sync(start_role(resource_manager, fused_qkv_path, zero_block(1), devices="0"), batch, export_dir)
+    train_export_and_sync(
+        start_role(host_pool, resource_manager, fused_qkv_path, zero_block(1), devices="0"), batch, export_dir
+    )
     return state_dict(export_dir)
 
 
 @pytest.mark.parametrize(("layers", "stage"), [("fused-qkv", 1), ("sub-parameter", 3)])
 def test_tp2_exports_and_syncs_the_full_weights_of_fused_qkv_layers_with_a_bias(
+    host_pool: HostPool,
     resource_manager: ResourceManager,
     fused_qkv_path: str,
     batch: DataProto,
@@ -198,7 +211,9 @@ def test_tp2_exports_and_syncs_the_full_weights_of_fused_qkv_layers_with_a_bias(
     block = autotp_block(stage)
     if layers == "sub-parameter":
         block["tensor_parallel"]["partition_config"] = copy.deepcopy(SUB_PARAMETER_LAYERS)
-    synced = train_export_and_sync(start_role(resource_manager, fused_qkv_path, block), batch, tmp_path / "hf")
+    synced = train_export_and_sync(
+        start_role(host_pool, resource_manager, fused_qkv_path, block), batch, tmp_path / "hf"
+    )
     exported, initial = state_dict(tmp_path / "hf"), state_dict(fused_qkv_path)
     bias = "transformer.h.0.self_attention.query_key_value.bias"
     assert not torch.allclose(fused_qkv_unsharded[bias], initial[bias], atol=1e-4)  # the steps moved it
@@ -234,15 +249,19 @@ def sync_to_engine(trainer: Cluster, engine: Cluster) -> dict[str, float]:
 
 
 def test_dp2_tp2_trains_like_plain_data_parallel_syncs_an_engine_and_survives_offload(
-    four_slots: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
+    host_pool: HostPool, four_slots: ResourceManager, model_path: str, batch: DataProto, tmp_path: Path
 ) -> None:
-    plain = start_role(four_slots, model_path, zero_block(3), devices="0-1")  # dp = 2, tp = 1: the same 8 rows a step
+    plain = start_role(
+        host_pool, four_slots, model_path, zero_block(3), devices="0-1"
+    )  # dp = 2, tp = 1: the same 8 rows a step
     try:
         expected = train_losses(plain, batch, 2)
     finally:
         plain.shutdown()
-    trainer = start_role(four_slots, model_path, autotp_block(3), devices="0-3", offload_dir=str(tmp_path / "off"))
-    engine = start_role(four_slots, model_path, {}, strategy="hf_infer", devices="1-2")
+    trainer = start_role(
+        host_pool, four_slots, model_path, autotp_block(3), devices="0-3", offload_dir=str(tmp_path / "off")
+    )
+    engine = start_role(host_pool, four_slots, model_path, {}, strategy="hf_infer", devices="1-2")
     try:
         assert [(r.dp_rank, r.dp_size, r.tp_rank, r.tp_size) for r in trainer.rank_infos] == DP2_TP2_LAYOUT
         # DeepSpeed's own groups agree with roll's layout: tensor-parallel peers consecutive, data-parallel strided.
