@@ -26,6 +26,7 @@ from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
 from tests.padded_rollouts import padded_rollout
+from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
 ROWS, PROMPT, RESPONSE = 8, 4, 8  # one optimizer step of 8 rows: 2 rows x 2 accumulation x 2 ranks, or 8 x 1 x 1
@@ -65,7 +66,7 @@ def rollout() -> DataProto:
     return DataProto.from_dict(tensors=tensors)
 
 
-def start(manager: ResourceManager, worker: str, model_path: str, ranks: int) -> Cluster:
+def start(pool: HostPool, manager: ResourceManager, worker: str, model_path: str, ranks: int) -> Cluster:
     """A ZeRO stage 0 role on `ranks` ranks whose one optimizer step takes all the rollout's rows: on 2 ranks in
     micro-batches of 2 rows, on 1 in one micro-batch (the plain loss over all rows, nothing to normalise)."""
     block = copy.deepcopy(yaml.safe_load((CONFIG_DIR / "deepspeed_zero.yaml").read_text())["deepspeed_zero"])
@@ -82,16 +83,16 @@ def start(manager: ResourceManager, worker: str, model_path: str, ranks: int) ->
         ),
     )
     config.resolve("actor_train", manager.total_devices)
-    cluster = Cluster(worker, config, manager)
+    cluster = pool.start(worker, config, manager)
     cluster.initialize()
     cluster.record_gradients()
     return cluster
 
 
-def updates(manager: ResourceManager, worker: str, model_path: str, ranks: int, calls: dict) -> dict:
+def updates(pool: HostPool, manager: ResourceManager, worker: str, model_path: str, ranks: int, calls: dict) -> dict:
     """Each call's (global loss, gradients) on a cluster of `ranks` ranks; `calls` maps a name to a function
     of the cluster that runs one update."""
-    cluster = start(manager, worker, model_path, ranks)
+    cluster = start(pool, manager, worker, model_path, ranks)
     try:
         results = {}
         for name, call in calls.items():
@@ -122,22 +123,26 @@ def mismatches(two_ranks: dict, one_rank: dict) -> list[str]:
     return wrong
 
 
-def test_actor_and_sft_updates_on_two_ranks_equal_one_rank(resource_manager: ResourceManager, model_path: str) -> None:
+def test_actor_and_sft_updates_on_two_ranks_equal_one_rank(
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str
+) -> None:
     batch = rollout()
     calls = {mode: lambda c, m=mode: c.train_step(batch, AlgorithmArguments(loss_agg_mode=m)) for mode in MODES}
     calls["sft"] = lambda c: c.sft_step(batch)
     worker = "tests.gradient_workers.ActorGradientWorker"
-    two_ranks = updates(resource_manager, worker, model_path, 2, calls)
-    one_rank = updates(resource_manager, worker, model_path, 1, calls)
+    two_ranks = updates(host_pool, resource_manager, worker, model_path, 2, calls)
+    one_rank = updates(host_pool, resource_manager, worker, model_path, 1, calls)
     wrong = mismatches(two_ranks, one_rank)
     assert not wrong, "\n".join(wrong)
 
 
-def test_process_reward_update_on_two_ranks_equals_one_rank(resource_manager: ResourceManager, model_path: str) -> None:
+def test_process_reward_update_on_two_ranks_equals_one_rank(
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str
+) -> None:
     batch = rollout()
     calls = {"step bce": lambda c: c.process_reward_step(batch)}
     worker = "tests.gradient_workers.ProcessRewardGradientWorker"
-    two_ranks = updates(resource_manager, worker, model_path, 2, calls)
-    one_rank = updates(resource_manager, worker, model_path, 1, calls)
+    two_ranks = updates(host_pool, resource_manager, worker, model_path, 2, calls)
+    one_rank = updates(host_pool, resource_manager, worker, model_path, 1, calls)
     wrong = mismatches(two_ranks, one_rank)
     assert not wrong, "\n".join(wrong)

@@ -17,13 +17,13 @@ import yaml
 
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
-from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
 from tests.padded_rollouts import padded_rollout
+from tests.worker_pool import HostPool
 
 WORKER = "tests.budget_workers.BudgetActorWorker"
 ROWS, PROMPT, RESPONSE = 16, 6, 10  # 8 rows per rank: one optimizer step of 2 rows x 4 accumulation
@@ -48,7 +48,9 @@ def rollout(vocab: int) -> DataProto:
 
 
 @pytest.mark.slow
-def test_budgeted_and_packed_zero3_steps_equal_the_padded_step(resource_manager: ResourceManager, tmp_path) -> None:
+def test_budgeted_and_packed_zero3_steps_equal_the_padded_step(
+    host_pool: HostPool, resource_manager: ResourceManager, tmp_path
+) -> None:
     spec = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
     model_path = str(make_tiny_model(tmp_path / "tiny", spec))
     batch = rollout(vocab=60)
@@ -65,7 +67,7 @@ def test_budgeted_and_packed_zero3_steps_equal_the_padded_step(resource_manager:
         ),
     )
     config.resolve("actor_train", resource_manager.total_devices)
-    cluster = Cluster(WORKER, config, resource_manager)
+    cluster = host_pool.start(WORKER, config, resource_manager)
     cluster.initialize()
     try:
         results = {}
