@@ -52,6 +52,14 @@ def host_pool(ray_session: None) -> Iterator[HostPool]:
 
 
 @pytest.fixture(scope="module", autouse=True)
+def host_pool_trimmed_after_file(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a file whose tests used the host pool: its hosts must be clean, and only the ones most files use stay."""
+    yield
+    if any("host_pool" in item.fixturenames for item in request.session.items if item.module is request.module):
+        request.getfixturevalue("host_pool").trim()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def ray_released_between_files() -> Iterator[None]:
     """After a file's tests, wait until its placement groups and actors have given their resources back to the
     session's Ray, so the next file's placements find them free instead of racing a release against its timeout."""

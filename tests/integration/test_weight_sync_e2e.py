@@ -24,6 +24,7 @@ from roll.configs.worker_config import (
 )
 from roll.distributed.executor.cluster import Cluster, start_hosts
 from roll.distributed.executor.weight_syncer import WeightSyncer
+from roll.distributed.executor.worker_host import IN_PROCESS_STRATEGIES
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -33,6 +34,7 @@ from roll.models.tiny import TinyModelSpec, make_tiny_model
 from roll.pipeline.base.rl_workers import ActorWorker
 from roll.platforms import get_platform
 from tests.integration.test_deepspeed_strategy import zero_block
+from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
 WORKER = "tests.integration.test_weight_sync_e2e.EngineActorWorker"
@@ -81,10 +83,19 @@ def role(
 
 @contextmanager
 def started(
-    configs: dict[str, WorkerConfig], manager: ResourceManager, close_timeout_s: float = 60
+    configs: dict[str, WorkerConfig],
+    manager: ResourceManager,
+    pool: HostPool | None = None,
+    close_timeout_s: float = 60,
 ) -> Iterator[dict[str, Cluster]]:
-    """The roles' clusters, initialised concurrently; shut down and their devices released on exit."""
-    clusters = {name: Cluster(config.worker_cls, config, manager) for name, config in configs.items()}
+    """The roles' clusters, initialised concurrently; shut down and their devices released on exit. With `pool`, the
+    roles whose strategies run in-process start in its hosts (vLLM starts engine processes of its own)."""
+    clusters = {
+        name: pool.start(config.worker_cls, config, manager)
+        if pool and config.strategy_args.strategy_name in IN_PROCESS_STRATEGIES
+        else Cluster(config.worker_cls, config, manager)
+        for name, config in configs.items()
+    }
     try:
         for future in [cluster.initialize(blocking=False) for cluster in clusters.values()]:
             future.get()
@@ -107,7 +118,7 @@ def prompts(model_path: str) -> DataProto:
 
 
 @pytest.fixture(scope="module")
-def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
+def roles(host_pool: HostPool, model_path: str) -> Iterator[dict[str, Cluster]]:
     manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
     configs = {
         "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(3)),
@@ -119,7 +130,7 @@ def roles(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
         # ZeRO-3 inference loads collectively; worker 0 shares training rank 0's slot, worker 1 has its own.
         "deepspeed_infer_mixed": role("deepspeed_infer_mixed", "deepspeed_infer", "0,2", model_path, zero_block(3)),
     }
-    with started(configs, manager) as clusters:
+    with started(configs, manager, host_pool) as clusters:
         yield clusters
 
 
@@ -296,6 +307,7 @@ def failing_roles(ray_session: None, model_path: str, tmp_path) -> Iterator[dict
         "wide": role("wide", "hf_infer", "2", other_shape),
         "crashed": crashed,
     }
+    # Fresh processes: the test stops the training workers its crashed receiver leaves waiting.
     with started(configs, manager, close_timeout_s=5) as clusters:
         yield clusters
 
