@@ -6,7 +6,8 @@ the installed package's metadata as the script is), and `python <script>.py ARGS
 directory and environment, with Hydra's global state cleared; its output is captured and its end
 (`sys.exit`, an exception, a return) becomes the exit code the shell would see. Everything it changed
 of the process (argv, cwd, environment, sys.path, the root logger, Hydra) is put back afterwards.
-A command must not start Ray here (it would outlive the command): starting it fails the command.
+Output is captured by swapping sys.stdout and sys.stderr, which every thread of the process shares. A
+command must not start Ray here (it would outlive the command): starting it fails the command.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def run_in_process(argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None
         def main() -> None:
             runpy.run_path(str(path), run_name="__main__")
 
-        sys_argv, search_path = [script, *args], [str(path.parent)]  # as `python <script>` sets them
+        # As `python <script>` sets them, but for argv[0]: runpy makes it the script's full path.
+        sys_argv, search_path = [str(path), *args], [str(path.parent)]
     else:
         (entry,) = metadata.entry_points(group="console_scripts", name=program)
         main, sys_argv, search_path = entry.load(), [program, *args], []
