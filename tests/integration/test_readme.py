@@ -127,8 +127,11 @@ def ray_head(fresh_copy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _environment() -> dict[str, str]:
-    """This process's environment without a Ray address or an active venv, as a newcomer's shell has it."""
-    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VIRTUAL_ENV")}
+    """This process's environment without a Ray address or an active venv, as a newcomer's shell has it, except
+    that the copy's scripts may only check the shared `.venv/`: an install from the copy would point the editable
+    roll of every other test at the copy."""
+    kept = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VIRTUAL_ENV")}
+    return kept | {"ROLL_INSTALL_CHECK": "1"}
 
 
 def _in_shell(command: str, copy: Path, env: dict[str, str], log: TextIO) -> Ran:
