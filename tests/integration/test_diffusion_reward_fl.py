@@ -1,7 +1,7 @@
 """Reward FL on the real stack: Ray actors holding the diffusion model in DeepSpeed engines (gloo, CPU).
 
 ZeRO stages agree on the first step's loss, offloading the engine's states and loading them back is
-bit-exact, and a run resumed from a checkpoint repeats the losses of the uninterrupted run.
+bit-exact, and a LoRA run resumed from a checkpoint repeats the losses of the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -135,22 +135,46 @@ def test_offload_and_reload_of_the_diffusion_states_is_bit_exact(manager: Resour
     assert second["loss"] == second["loss"]  # trains on after the reload (not NaN)
 
 
-def test_resume_repeats_the_losses_of_the_uninterrupted_run(ray_session: None, tmp_path: Path) -> None:
-    summary, rows = run_pipeline(RewardFLPipeline, actor_config(tmp_path, "save_steps=1"))
+# LoRA adapters on the attention projections, a checkpoint after every step: one run for the two tests below.
+LORA_RUN = (
+    "actor.model_args.lora_rank=4",
+    "actor.model_args.lora_target_modules=[to_q,to_k,to_v,to_out.0]",
+    "actor.training_args.learning_rate=1e-2",
+    "save_steps=1",
+)
+
+
+@pytest.fixture(scope="module")
+def lora_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[dict]]:
+    """A LORA_RUN of FAST's three steps: its output directory, summary and metrics rows."""
+    output = tmp_path_factory.mktemp("lora_run")
+    summary, rows = run_pipeline(RewardFLPipeline, actor_config(output, *LORA_RUN))
+    return output, summary, rows
+
+
+def test_resume_repeats_the_losses_of_the_uninterrupted_run(lora_run: tuple[Path, dict, list[dict]]) -> None:
+    output, summary, rows = lora_run
     losses = {row["step"]: row["actor/loss"] for row in rows if "actor/loss" in row}
     assert sorted(losses) == [1, 2, 3]
     assert summary["val_distance_from_start_before"] == 0
     assert summary["val_distance_from_start_after"] > 0
-    run_dir = Path(tmp_path) / "reward_fl"
+    run_dir = output / "reward_fl"
     assert (run_dir / "logs" / "images_before.png").is_file() and (run_dir / "logs" / "images_after.png").is_file()
-    assert (run_dir / "model" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
-    load_diffusion_parts(str(run_dir / "model"))  # the export is a diffusers directory
-    _, resumed_rows = run_pipeline(
-        RewardFLPipeline, actor_config(tmp_path, "save_steps=1", "resume_from_checkpoint=step_1")
-    )
+    _, resumed_rows = run_pipeline(RewardFLPipeline, actor_config(output, *LORA_RUN, "resume_from_checkpoint=step_1"))
     resumed = {row["step"]: row["actor/loss"] for row in resumed_rows if "actor/loss" in row}
     assert resumed[2] == pytest.approx(losses[2], rel=1e-6)
     assert resumed[3] == pytest.approx(losses[3], rel=1e-6)
+
+
+def test_lora_trains_on_deepspeed_and_exports_a_plain_unet(lora_run: tuple[Path, dict, list[dict]]) -> None:
+    model = lora_run[0] / "reward_fl" / "model"
+    assert (model / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+    exported = load_diffusion_parts(str(model)).unet.state_dict()  # the export is a diffusers directory
+    base = load_diffusion_parts(TINY).unet.state_dict()
+    assert sorted(exported) == sorted(base)  # LoRA merged: the plain UNet's names
+    changed = {name for name in base if not torch.equal(exported[name], base[name])}
+    targets = (".to_q.", ".to_k.", ".to_v.", ".to_out.0.")
+    assert changed and all(any(target in name for target in targets) for name in changed), changed
 
 
 def test_policy_gradient_trains_on_a_reward_without_gradient_at_zero3(ray_session: None, tmp_path: Path) -> None:
@@ -172,21 +196,8 @@ def test_policy_gradient_trains_on_a_reward_without_gradient_at_zero3(ray_sessio
     assert first["actor/grad_norm"] > 0 and first["actor/reward"] < 0  # minus kilobytes
     assert first["time/rollout_s"] > 0 and first["time/policy_update_s"] > 0
     assert summary["val_distance_from_start_after"] > 0
-
-
-def test_lora_trains_on_deepspeed_and_exports_a_plain_unet(ray_session: None, tmp_path: Path) -> None:
-    config = actor_config(
-        tmp_path,
-        "actor.model_args.lora_rank=4",
-        "actor.model_args.lora_target_modules=[to_q,to_k,to_v,to_out.0]",
-        "actor.training_args.learning_rate=1e-2",
-        "max_steps=2",
-        "eval_steps=2",
-    )
-    run_pipeline(RewardFLPipeline, config)
+    # The whole UNet trained, partitioned: its export gathers every weight into a plain diffusers directory.
     exported = load_diffusion_parts(str(tmp_path / "reward_fl" / "model")).unet.state_dict()
     base = load_diffusion_parts(TINY).unet.state_dict()
-    assert sorted(exported) == sorted(base)  # LoRA merged: the plain UNet's names
-    changed = {name for name in base if not torch.equal(exported[name], base[name])}
-    targets = (".to_q.", ".to_k.", ".to_v.", ".to_out.0.")
-    assert changed and all(any(target in name for target in targets) for name in changed), changed
+    assert sorted(exported) == sorted(base)
+    assert any(not torch.equal(exported[name], base[name]) for name in base)

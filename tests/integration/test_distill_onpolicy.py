@@ -8,40 +8,24 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from roll.pipeline.rlvr.rlvr_config import RLVRConfig
-from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-from tests.pipeline_runs import run_pipeline
-from tests.unit.test_hydra_configs import load_config
+from tests.rlvr_runs import run_rlvr, small_policy_config
 
 pytestmark = pytest.mark.slow
 
-# Two steps of 4 prompts x 4 samples, every model role one rank on one shared device.
-FAST = [
-    "pretrain='tiny://qwen2?hidden_size=64&num_heads=2&num_kv_heads=1&num_layers=1'",
+# Two steps of 4 prompts x 4 samples of at most 4 tokens, 8 held-out prompts; the 128-wide teacher on the student's
+# device.
+TWO_STEPS = (
+    "actor_infer.generating_args.max_new_tokens=4",
     "teacher.model_args.model_name_or_path=tiny://qwen2",
-    "rollout_batch_size=4",
+    "teacher.device_mapping=0",
     "eval_batch_size=8",
     "max_steps=2",
     "eval_steps=2",
-    "actor_train.training_args.per_device_train_batch_size=16",
-    "actor_train.training_args.gradient_accumulation_steps=1",
-    "actor_infer.generating_args.num_return_sequences=4",
-    "actor_infer.generating_args.max_new_tokens=4",
-    "actor_train.device_mapping=0",
-    "actor_infer.device_mapping=0",
-    "teacher.device_mapping=0",
-    "devices_per_node=1",
-    "platform=cpu",
-]
-
-
-def run(output: Path) -> list[dict]:
-    config: RLVRConfig = load_config("distill_onpolicy_arithmetic", [*FAST, f"output_dir={output}"])
-    return run_pipeline(RLVRPipeline, config)[1]
+)
 
 
 def test_the_teachers_log_probs_reward_the_students_samples(ray_session: None, tmp_path: Path) -> None:
-    rows = run(tmp_path)
+    rows = run_rlvr(small_policy_config("distill_onpolicy_arithmetic", tmp_path, *TWO_STEPS))
     assert [row["step"] for row in rows] == [0, 1, 2]
     for step in (1, 2):
         row = rows[step]

@@ -1,8 +1,10 @@
-"""Offline distillation end to end on the real stack: Ray, an hf_infer teacher, a smaller DeepSpeed ZeRO-2 student
-on the same device, checkpoints, resume and the HF export."""
+"""Offline distillation end to end on the real stack: Ray, an hf_infer teacher, a smaller DeepSpeed student on the
+same device, checkpoints and the HF export. Resuming is the step-by-step training loop's, which test_dpo_pipeline.py
+restarts a run to check; here the checkpoint's driver state is read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,7 @@ def run(config: DistillConfig) -> tuple[dict, list[dict]]:
     return run_pipeline(DistillPipeline, config)
 
 
-def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, tmp_path: Path) -> None:
+def test_two_steps_log_metrics_checkpoint_and_export(ray_session: None, tmp_path: Path) -> None:
     summary, rows = run(make_config(tmp_path, "loss.kind=mixed", "loss.forward_weight=0.7", "loss.nll_weight=0.1"))
     assert [row["step"] for row in rows] == [0, 1, 2]
     for key in ("loss", "kl", "nll", "teacher_top1_agreement", "grad_norm"):
@@ -67,6 +69,11 @@ def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, t
     run_dir = tmp_path / "distill"
     for step in (1, 2):
         assert (run_dir / "checkpoints" / f"step_{step}" / "driver_state.json").is_file()
+        assert (run_dir / "checkpoints" / "student" / f"step_{step}").is_dir()
+    # What a resume from step 1 continues with: the data position after one batch of 8, the evaluation before it.
+    state = json.loads((run_dir / "checkpoints" / "step_1" / "driver_state.json").read_text())
+    assert state["step"] == 1 and state["sampler"] == {"epoch": 0, "position": 8}
+    assert [evaluation["val/accuracy"] for evaluation in state["val_history"]] == [rows[0]["val/accuracy"]]
     assert list((run_dir / "logs" / "tensorboard").glob("events.out.tfevents.*"))
     assert {p.name for p in (run_dir / "logs").glob("*.png")} == {"accuracy.png", "distillation_kl.png"}
     export = run_dir / "model"
@@ -74,20 +81,6 @@ def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, t
     assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 1  # the student, not the teacher
     ids = AutoTokenizer.from_pretrained(export)("1+2=", return_tensors="pt").input_ids
     assert torch.isfinite(model(ids).logits).all()
-
-    # Resuming from step 1 replays step 2 from the same weights, optimizer state and data position.
-    _, resumed = run(
-        make_config(
-            tmp_path,
-            "loss.kind=mixed",
-            "loss.forward_weight=0.7",
-            "loss.nll_weight=0.1",
-            "resume_from_checkpoint=step_1",
-        )
-    )
-    assert [row["step"] for row in resumed] == [0, 1, 2]
-    for key in ("student/loss", "student/kl", "val/accuracy"):
-        assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-4), key
 
 
 def test_a_vllm_teacher_scores_a_step(ray_session: None, tmp_path: Path) -> None:

@@ -1,4 +1,8 @@
-"""The DPO pipeline end to end on the real stack: Ray, DeepSpeed ZeRO-2 policy, hf_infer reference, HF export."""
+"""The DPO pipeline end to end on the real stack: Ray, a DeepSpeed policy, an hf_infer reference, HF export.
+
+Its run is also the thorough check of the step-by-step training loop's resume (roll/pipeline/base/training_loop.py),
+which distillation and the reward model share; Reward FL restarts a run of its own for its step-seeded noise.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
 
-# Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs. The policy runs
+# Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs, policy and reference
+# one rank each on one shared device (test_rm_pipeline.py's pairwise run is the two-rank one). The policy runs
 # ZeRO-3 (the YAML's is ZeRO-2; the RM and distillation tests swap in other blocks): the block swaps as everywhere.
 FAST = [
     "pretrain=tiny://qwen2",
@@ -25,9 +30,11 @@ FAST = [
     "max_steps=2",
     "eval_steps=2",
     "save_steps=1",
-    "actor_train.training_args.per_device_train_batch_size=8",
+    "actor_train.training_args.per_device_train_batch_size=16",  # 8 pairs: 16 rows
     "actor_train.training_args.warmup_steps=0",
-    "devices_per_node=2",
+    "actor_train.device_mapping=0",
+    "reference.device_mapping=0",
+    "devices_per_node=1",
     "platform=cpu",
 ]
 
@@ -68,10 +75,14 @@ def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, t
     ids = tokenizer("1+2=", return_tensors="pt").input_ids
     assert torch.isfinite(model(ids).logits).all()
 
-    # Resuming from step 1 replays step 2 from the same weights, optimizer state and data position.
-    _, resumed = run(make_config(tmp_path, "resume_from_checkpoint=step_1"))
+    # Resuming from step 1 replays step 2 from the same weights, optimizer state and data position (its states
+    # spilled to disk and back again meanwhile); the rows logged up to the checkpoint are kept as they were.
+    resumed_summary, resumed = run(make_config(tmp_path, *spill, "resume_from_checkpoint=step_1"))
     assert [row["step"] for row in resumed] == [0, 1, 2]
-    assert resumed[2]["actor/loss"] == pytest.approx(rows[2]["actor/loss"], rel=1e-4)
+    assert resumed[:2] == rows[:2]
+    for key in ("actor/loss", "actor/rewards/chosen", "actor/rewards/rejected", "val/preference_accuracy"):
+        assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-4), key
+    assert resumed_summary["val_preference_accuracy_before"] == rows[0]["val/preference_accuracy"]
 
 
 def test_kto_on_unpaired_completions_weights_each_class(ray_session: None, tmp_path: Path) -> None:
@@ -82,9 +93,7 @@ def test_kto_on_unpaired_completions_weights_each_class(ray_session: None, tmp_p
         "data.format=unpaired",
         "loss.kto_desirable_weight=2.0",
         "save_steps=0",
-        "actor_train.device_mapping=0",
-        "reference.device_mapping=0",
-        "devices_per_node=1",
+        "actor_train.training_args.per_device_train_batch_size=8",  # 8 completions: 8 rows
     ]
     summary, rows = run(make_config(tmp_path, *overrides))
     assert [row["step"] for row in rows] == [0, 1, 2]

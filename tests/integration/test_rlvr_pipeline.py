@@ -1,4 +1,7 @@
-"""The RLVR pipeline end to end on the real stack: Ray, DeepSpeed, hf_infer, reward workers."""
+"""The RLVR pipeline end to end on the real stack: Ray, DeepSpeed, hf_infer, reward workers.
+
+vLLM on a device of its own, with generation overlapped, is test_async_generation.py's run.
+"""
 
 from __future__ import annotations
 
@@ -7,59 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from roll.pipeline.rlvr.rlvr_config import RLVRConfig
-from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-from tests.pipeline_runs import run_pipeline
-from tests.unit.test_hydra_configs import load_config
+from tests.rlvr_runs import ONE_RANK, PARITY_REWARD, arithmetic_config, assert_zero_stage, block, run_rlvr
 
 pytestmark = pytest.mark.slow
 
-# A fast variant of the default run: a tiny untrained model, small batches, 2 CPU device slots.
-FAST = [
-    "pretrain=tiny://qwen2",
-    "rollout_batch_size=8",
-    "eval_batch_size=16",
-    "actor_train.training_args.per_device_train_batch_size=16",
-    "actor_train.training_args.gradient_accumulation_steps=1",
-    "actor_infer.generating_args.num_return_sequences=4",
-    "actor_infer.generating_args.max_new_tokens=4",
-    "devices_per_node=2",
-    "platform=cpu",
-]
-
-# FAST on one device slot, one rank per role: three worker start-ups fewer, for tests whose subject is not the
-# data-parallel split (FOUR_STEPS below keeps two ranks).
-ONE_RANK = (
-    "devices_per_node=1",
-    "actor_train.device_mapping=0",
-    "actor_infer.device_mapping=0",
-    "reference.device_mapping=0",
-    "actor_train.training_args.per_device_train_batch_size=32",
-)
-
-
-def make_config(tmp_path: Path, *overrides: str) -> RLVRConfig:
-    return load_config("rlvr_arithmetic", [*FAST, f"output_dir={tmp_path}", *overrides])
-
-
-def run(config: RLVRConfig) -> list[dict]:
-    return run_pipeline(RLVRPipeline, config)[1]
-
-
 # Four steps, a checkpoint every two, with a reward that varies even for an untrained model (non-zero losses).
-FOUR_STEPS = (
-    "max_steps=4",
-    "eval_steps=4",
-    "save_steps=2",
-    "rewards.math.reward_fn=tests.reward_functions.parity_reward",
-)
+FOUR_STEPS = ("max_steps=4", "eval_steps=4", "save_steps=2", PARITY_REWARD)
 
 
 @pytest.fixture(scope="module")
 def four_steps(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """A FOUR_STEPS run (shared by the tests below): its output directory and its metrics rows."""
     output = tmp_path_factory.mktemp("four_steps")
-    return output, run(make_config(output, *FOUR_STEPS))
+    return output, run_rlvr(arithmetic_config(output, *FOUR_STEPS))
 
 
 def test_run_logs_metrics_plots_and_checkpoints_and_resumes_with_the_same_metrics(
@@ -79,10 +42,12 @@ def test_run_logs_metrics_plots_and_checkpoints_and_resumes_with_the_same_metric
     summary = json.loads((output / "rlvr" / "summary.json").read_text())
     assert set(summary) == {"val_accuracy_before", "val_accuracy_after"}
 
-    # The same run again from its step-2 checkpoint: steps 3 and 4 are recomputed after a restart.
-    resumed = run(make_config(output, *FOUR_STEPS, "resume_from_checkpoint=step_2"))
+    # The same run again from its step-2 checkpoint: steps 3 and 4 are recomputed after a restart, and the rows
+    # logged up to the checkpoint are kept as they were.
+    resumed = run_rlvr(arithmetic_config(output, *FOUR_STEPS, "resume_from_checkpoint=step_2"))
     keys = ("rollout/score_mean", "rollout/response_length_mean", "actor/loss", "actor/kl", "actor/grad_norm")
     assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted]
+    assert resumed[:3] == uninterrupted[:3]
     for expected, actual in zip(uninterrupted[3:], resumed[3:], strict=True):
         for key in keys:
             assert actual[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), (expected["step"], key)
@@ -97,8 +62,8 @@ def test_one_optimizer_step_takes_old_log_probs_from_the_update(
     then run at the same time), the first step, on the same samples, has the same loss and gradient norm.
     """
     _, skipped = four_steps
-    separate = run(
-        make_config(
+    separate = run_rlvr(
+        arithmetic_config(
             tmp_path,
             *FOUR_STEPS,
             "max_steps=1",
@@ -117,20 +82,11 @@ def test_one_optimizer_step_takes_old_log_probs_from_the_update(
 
 
 # deepspeed_zero2 is the YAML's own block: FOUR_STEPS runs it. Each test below trains actor_train on another block,
-# swapped by the same override a user writes (plain ZeRO-3 trains the GAE test's critic, and actor_train in the
-# weight-sync and strategy tests); the offload blocks change what moves between phases.
-def block(name: str) -> str:
-    """The override that makes `name` (an examples/config/deepspeed_*.yaml block) actor_train's strategy."""
-    return f"actor_train.strategy_args.strategy_config=${{{name}}}"
-
-
-def assert_zero_stage(config: RLVRConfig, stage: int) -> None:
-    assert config.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == stage
-
-
+# swapped by the same override a user writes (plain ZeRO-3 trains the GAE test's critic; ZeRO-2 with CPU offload
+# is test_async_generation.py's); the offload blocks change what moves between phases.
 def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session: None, tmp_path: Path) -> None:
     # With DAPO's refill on: rounds of generation and scoring (each with failing rewards) within the step.
-    config = make_config(
+    config = arithmetic_config(
         tmp_path,
         *ONE_RANK,
         "max_steps=1",
@@ -143,7 +99,7 @@ def test_crashing_and_hanging_reward_function_does_not_stop_the_run(ray_session:
         block("deepspeed_zero3_cpuoffload"),
     )
     assert_zero_stage(config, 3)
-    rows = run(config)
+    rows = run_rlvr(config)
     failed = sum(row.get("rollout/reward_failed", 0) for row in rows)
     assert [row["step"] for row in rows][-1] == 1
     assert failed > 0  # samples whose answers end in 3 or 7 scored 0 and were counted
@@ -162,7 +118,7 @@ def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) 
         "strategy_args: {strategy_name: deepspeed_train, strategy_config: '${deepspeed_zero3}'}, "
         "training_args: {per_device_train_batch_size: 32, gradient_accumulation_steps: 1, learning_rate: 1.0e-4}}"
     )
-    config = make_config(
+    config = arithmetic_config(
         tmp_path,
         *ONE_RANK,
         critic,
@@ -170,35 +126,12 @@ def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) 
         "eval_batch_size=4",
         "algorithm.adv_estimator=gae",
         "algorithm.use_kl_loss=false",
-        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+        PARITY_REWARD,
         block("deepspeed_zero"),
     )
     assert_zero_stage(config, 0)
-    rows = run(config)
+    rows = run_rlvr(config)
     assert rows[-1]["step"] == 2
     for key in ("critic/loss", "critic/grad_norm", "critic/clipfrac", "actor/loss", "time/values_s"):
         assert key in rows[-1], key
     assert rows[-1]["critic/grad_norm"] > 0 and rows[-1]["actor/grad_norm"] > 0
-
-
-def test_vllm_on_a_device_of_its_own_follows_the_trainer_over_the_broadcast_group(
-    ray_session: None, tmp_path: Path
-) -> None:
-    """actor_infer swapped to vLLM by override, on a device slot of its own: weights go over the gloo group."""
-    config = make_config(
-        tmp_path,
-        *ONE_RANK,
-        "max_steps=2",
-        "eval_steps=2",
-        "devices_per_node=2",
-        "actor_infer.device_mapping=1",
-        "actor_infer.strategy_args.strategy_name=vllm",
-        "rewards.math.reward_fn=tests.reward_functions.parity_reward",
-        block("deepspeed_zero2_cpuoffload"),
-    )
-    assert_zero_stage(config, 2)
-    rows = run(config)
-    assert [row["step"] for row in rows] == [0, 1, 2]
-    assert rows[2]["sync/broadcast_bytes"] > 0 and rows[2]["sync/colocated_bytes"] == 0
-    assert rows[1]["actor/grad_norm"] > 0  # the synced weights changed
-    assert rows[2]["val/accuracy"] >= 0 and rows[1]["rollout/response_length_mean"] > 0

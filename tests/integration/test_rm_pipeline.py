@@ -18,15 +18,14 @@ from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_MODEL_WORKER, REWARD_M
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_pipeline import RMPipeline
-from tests.integration.test_rlvr_pipeline import ONE_RANK
-from tests.integration.test_rlvr_pipeline import make_config as make_rlvr_config
 from tests.pipeline_runs import logged_metrics, run_pipeline
+from tests.rlvr_runs import ONE_RANK, arithmetic_config
 from tests.unit.test_hydra_configs import load_config
 
 pytestmark = pytest.mark.slow
 
 # Two steps of 8 pairs on a tiny untrained model, a checkpoint after each, 16 held-out pairs, at ZeRO stage 0
-# (the YAML's block is ZeRO-2).
+# (the YAML's block is ZeRO-2), on two ranks: the preference pipelines' data-parallel run (DPO's runs on one).
 FAST = [
     "pretrain=tiny://qwen2",
     "reward_model.strategy_args.strategy_config=${deepspeed_zero}",
@@ -67,8 +66,9 @@ def test_train_export_and_score_rlvr_rollouts_with_the_reward_model(ray_session:
     assert model.config.num_labels == 1
 
     # RLVR with the export as its reward cluster (device-less, hf_infer): one step, scores from the model.
-    rlvr_config = make_rlvr_config(
+    rlvr_config = arithmetic_config(
         tmp_path,
+        *ONE_RANK,
         "max_steps=1",
         "eval_steps=100",
         "eval_batch_size=8",
@@ -140,7 +140,7 @@ def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_toke
     ends = [len(row.example.prompt_ids) + end for end in row.step_ends]
     assert ends[-1] == ids.shape[1] - 1 and steps[ends[0]] != steps[ends[1]]  # a score per step
 
-    rlvr_config = make_rlvr_config(
+    rlvr_config = arithmetic_config(
         tmp_path,
         *ONE_RANK,
         "max_steps=1",

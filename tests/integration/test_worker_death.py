@@ -1,4 +1,7 @@
-"""A worker killed mid-run ends the run cleanly, and the run resumes from its last complete checkpoint."""
+"""A worker killed mid-run ends the run cleanly, and the run resumes from its last complete checkpoint.
+
+Both runs are the RLVR entry point in a process of its own, as a user starts them; the resume names `latest`.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.integration.test_rlvr_pipeline import FAST
 from tests.pipeline_runs import logged_metrics
+from tests.rlvr_runs import FAST, PARITY_REWARD
 
 pytestmark = pytest.mark.slow
 WORKER = "tests.pipeline_workers.FailureTestActorWorker"
@@ -29,6 +32,7 @@ def start_run(output_dir: Path, pid_dir: Path, *overrides: str) -> subprocess.Po
         "eval_steps=100",
         "save_steps=1",
         f"actor_train.worker_cls={WORKER}",
+        PARITY_REWARD,
         # actor_train keeps its two ranks (rank 1 is killed); the other roles need one each.
         "actor_infer.device_mapping=0",
         "reference.device_mapping=0",
@@ -74,9 +78,13 @@ def test_a_killed_worker_ends_the_run_and_the_run_resumes_from_the_last_complete
     # The half-written checkpoint is not taken for a good one.
     assert (checkpoints / "latest").read_text().strip() == "step_1"
     assert not (checkpoints / "step_2").exists()
+    logged = logged_metrics(output / "rlvr")
+    assert [row["step"] for row in logged][:2] == [0, 1]
 
     resumed = start_run(output, pids, "max_steps=3", "resume_from_checkpoint=latest")
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, errors_of(stderr)
     rows = logged_metrics(output / "rlvr")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert rows[:2] == logged[:2]  # the rows up to the checkpoint as they were; the steps after it logged anew
+    assert rows[3]["actor/grad_norm"] > 0  # past the killed run's last step, training goes on
