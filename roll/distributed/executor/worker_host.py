@@ -113,9 +113,10 @@ def _live_models() -> list[str]:
     counts: dict[str, int] = {}
     for obj in gc.get_objects():
         kind = type(obj)  # not isinstance: that would ask every object for its __class__, which some proxies warn about
-        if issubclass(kind, torch_nn.Module) and (
-            obj._parameters or obj._buffers or (engine and issubclass(kind, engine))
-        ):
+        if not issubclass(kind, torch_nn.Module):
+            continue
+        held = getattr(obj, "_parameters", None) or getattr(obj, "_buffers", None)  # None before Module.__init__
+        if held or (engine and issubclass(kind, engine)):
             counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
     return [f"{count} {name} object(s) still alive" for name, count in sorted(counts.items())]
 
