@@ -44,7 +44,7 @@ stamp_file="$venv/.roll-install-stamp"
 if [[ "${ROLL_INSTALL_PLAN:-0}" != 1 && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_value" ]]; then
   return 0 2>/dev/null || exit 0
 fi
-if [[ "${ROLL_INSTALL_CHECK:-0}" == 1 ]]; then
+if [[ "${ROLL_INSTALL_PLAN:-0}" != 1 && "${ROLL_INSTALL_CHECK:-0}" == 1 ]]; then
   echo "[roll] $venv is not installed for these requirements: run bash scripts/setup_env.sh" >&2
   return 1 2>/dev/null || exit 1
 fi

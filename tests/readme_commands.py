@@ -366,12 +366,11 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     "RAY_ADDRESS=<head-ip>:6379 roll-rlvr num_nodes=2 devices_per_node=8": Skip(CLUSTER),
     "RAY_ADDRESS=<head-ip>:6379 roll-cluster-check num_nodes=2 devices_per_node=1 actor_train.device_mapping=0-1 "
     "actor_infer.device_mapping=1": Skip(CLUSTER),
-    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128": Skip(GPU_INSTALL),
-    "pip install --no-build-isolation -r requirements_common.txt": Skip(GPU_INSTALL),
-    "pip install -r requirements_gpu.txt": Skip(GPU_INSTALL),
-    "pip install --no-deps -e .": Skip(
-        f"{GPU_INSTALL}; run here it would point this environment's editable install at the test's copy"
+    "ROLL_DEVICE=cuda bash scripts/setup_env.sh": Skip(
+        f"{GPU_INSTALL}; tests/unit/test_install_plan.py resolves its plan with pip against stand-in indexes"
     ),
+    # Prints the plan and installs nothing.
+    "ROLL_INSTALL_PLAN=1 bash scripts/setup_env.sh": Run("ROLL_INSTALL_PLAN=1 bash scripts/setup_env.sh", beside=True),
     "source scripts/cpu_env.sh": Run("source scripts/cpu_env.sh"),
     "python benchmarks/zero_memory.py --help": Run("python benchmarks/zero_memory.py --help", beside=True),
     "python examples/start_rlvr_pipeline.py": Run("python examples/start_rlvr_pipeline.py dry_run=true", beside=True),
