@@ -51,11 +51,11 @@ def build_in_cache(
     spec: Any,
     seed: int,
     build: Callable[[Path], Path],
-    is_built: Callable[[Path], bool],
+    marker: tuple[str, dict[str, Any]],
     cache_dir: str | None = None,
 ) -> str:
     """The cache entry of dataclass `spec` and `seed` under `<cache root>/<kind>`, built by `build(directory)` unless
-    `is_built(entry)` says it is there and whole.
+    the entry's `marker` (file name, identity the build writes there) vouches that it is there and whole.
 
     A file lock makes concurrent workers build it once. The build writes a temporary directory that is renamed into
     place when complete, so no reader ever sees a partial entry; an entry found incomplete is replaced.
@@ -66,7 +66,7 @@ def build_in_cache(
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_built(entry):
+        if read_marker(entry, marker[0]) == marker[1]:
             return str(entry)
         staging = root / f".{name}.building-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)

@@ -173,12 +173,5 @@ def resolve_model_path(model_name_or_path: str, cache_dir: str | None = None) ->
             valid = ", ".join(["seed", *(k for k in TinyModelSpec.__dataclass_fields__ if k != "arch")])
             raise ValueError(f"{model_name_or_path!r}: unknown tiny-model option {key!r}; valid: {valid}")
     spec = TinyModelSpec(**fields)
-    identity = tiny_model_identity(spec, seed)
-    return build_in_cache(
-        "tiny",
-        spec,
-        seed,
-        lambda path: make_tiny_model(path, spec, seed=seed),
-        lambda path: read_marker(path, SPEC_MARKER) == identity,
-        cache_dir,
-    )
+    build = lambda path: make_tiny_model(path, spec, seed=seed)  # noqa: E731
+    return build_in_cache("tiny", spec, seed, build, (SPEC_MARKER, tiny_model_identity(spec, seed)), cache_dir)

@@ -17,6 +17,9 @@ from roll.models.tiny import SPEC_MARKER, resolve_model_path
 MARKER = "marker.json"
 
 
+BUILT = (MARKER, {"width": 2})
+
+
 @dataclass(frozen=True)
 class Spec:
     width: int = 2
@@ -32,10 +35,6 @@ def _build(directory: Path, calls: list[Path] | None = None) -> Path:
     return directory
 
 
-def _is_built(directory: Path) -> bool:
-    return read_marker(directory, MARKER) == {"width": 2}
-
-
 def test_a_marker_vouches_only_while_every_file_is_whole(tmp_path: Path) -> None:
     built = _build(tmp_path / "m")
     assert read_marker(built, MARKER) == {"width": 2}
@@ -47,20 +46,20 @@ def test_a_marker_vouches_only_while_every_file_is_whole(tmp_path: Path) -> None
     assert read_marker(built, MARKER) is None
 
 
-def test_a_cache_entry_is_built_once_then_reused(tmp_path: Path) -> None:
+def test_a_cache_entryBUILT_once_then_reused(tmp_path: Path) -> None:
     calls: list[Path] = []
-    first = build_in_cache("kind", Spec(), 0, lambda d: _build(d, calls), _is_built, str(tmp_path))
-    again = build_in_cache("kind", Spec(), 0, lambda d: _build(d, calls), _is_built, str(tmp_path))
+    first = build_in_cache("kind", Spec(), 0, lambda d: _build(d, calls), BUILT, str(tmp_path))
+    again = build_in_cache("kind", Spec(), 0, lambda d: _build(d, calls), BUILT, str(tmp_path))
     assert first == again and len(calls) == 1
     assert calls[0] != Path(first), "the build writes a staging directory, renamed into place"
     assert sorted(p.name for p in (tmp_path / "kind").iterdir()) == [".width2-seed0.lock", "width2-seed0"]
 
 
 def test_an_entry_emptied_after_its_build_is_rebuilt(tmp_path: Path) -> None:
-    entry = Path(build_in_cache("kind", Spec(), 0, _build, _is_built, str(tmp_path)))
+    entry = Path(build_in_cache("kind", Spec(), 0, _build, BUILT, str(tmp_path)))
     (entry / "part" / "weights.bin").write_bytes(b"")
     calls: list[Path] = []
-    rebuilt = Path(build_in_cache("kind", Spec(), 0, lambda d: _build(d, calls), _is_built, str(tmp_path)))
+    rebuilt = Path(build_in_cache("kind", Spec(), 0, lambda d: _build(d, calls), BUILT, str(tmp_path)))
     assert rebuilt == entry and len(calls) == 1
     assert (entry / "part" / "weights.bin").stat().st_size == 100
 
@@ -72,9 +71,9 @@ def test_a_failed_build_leaves_no_entry(tmp_path: Path) -> None:
         raise RuntimeError("killed mid-build")
 
     with pytest.raises(RuntimeError, match="mid-build"):
-        build_in_cache("kind", Spec(), 0, failing, _is_built, str(tmp_path))
+        build_in_cache("kind", Spec(), 0, failing, BUILT, str(tmp_path))
     assert not (tmp_path / "kind" / "width2-seed0").exists()
-    assert Path(build_in_cache("kind", Spec(), 0, _build, _is_built, str(tmp_path))).is_dir()
+    assert Path(build_in_cache("kind", Spec(), 0, _build, BUILT, str(tmp_path))).is_dir()
 
 
 def _resolve_in(cache_dir: str, reference: str) -> str:

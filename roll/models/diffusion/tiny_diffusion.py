@@ -190,12 +190,7 @@ def resolve_diffusion_path(model_name_or_path: str, cache_dir: str | None = None
     if not model_name_or_path.startswith(TINY_DIFFUSION_SCHEME):
         return model_name_or_path
     spec, seed = parse_tiny_diffusion(model_name_or_path)
-    identity = tiny_diffusion_identity(spec, seed)
+    build = lambda path: make_tiny_diffusion(path, spec, seed=seed)  # noqa: E731
     return build_in_cache(
-        "tiny_diffusion",
-        spec,
-        seed,
-        lambda path: make_tiny_diffusion(path, spec, seed=seed),
-        lambda path: read_marker(path, SPEC_MARKER) == identity,
-        cache_dir,
+        "tiny_diffusion", spec, seed, build, (SPEC_MARKER, tiny_diffusion_identity(spec, seed)), cache_dir
     )
