@@ -468,6 +468,9 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     # Further commands of the docs pages.
     TWO_NODE_CHECK: Run(f"{TWO_NODE_CHECK} dry_run=true", beside=True),  # the plan of two nodes, on no cluster
     "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(ray get-auth-token --generate)": Skip(CLUSTER),
+    "echo \"$RAY_AUTH_TOKEN\"": Skip(CLUSTER),
+    "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<the head's token>": Skip(CLUSTER),
+    "ray get-auth-token --generate": Skip(CLUSTER),
     "ray start --head --port=6379 --num-cpus=<cores> --num-gpus=<gpus>": Skip(CLUSTER),
     "ray start --address=<head-ip>:6379 --num-cpus=<cores> --num-gpus=<gpus>": Skip(CLUSTER),
     "RAY_ADDRESS=<head-ip>:6379 roll-cluster-check num_nodes=2 devices_per_node=8": Skip(CLUSTER),
