@@ -1,5 +1,5 @@
-"""Console entry points of the package: `roll-rlvr`, `roll-sft`, `roll-dpo`, `roll-rm`, `roll-distill`,
-`roll-reward-fl` and `roll-cluster-check`.
+"""Console entry points of the package: `roll-rlvr`, `roll-agentic`, `roll-sft`, `roll-dpo`, `roll-rm`,
+`roll-distill`, `roll-reward-fl` and `roll-cluster-check`.
 
 Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
 `--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
@@ -38,6 +38,12 @@ class Entry(NamedTuple):
 ENTRIES = {
     "rlvr": Entry(
         "roll.pipeline.rlvr.rlvr_config.RLVRConfig", "roll.pipeline.rlvr.rlvr_pipeline.RLVRPipeline", "rlvr_arithmetic"
+    ),
+    # Agentic RL is the RLVR pipeline with an `env:` block (roll.pipeline.agentic holds its multi-turn rollout).
+    "agentic": Entry(
+        "roll.pipeline.rlvr.rlvr_config.RLVRConfig",
+        "roll.pipeline.rlvr.rlvr_pipeline.RLVRPipeline",
+        "agentic_calculator",
     ),
     "sft": Entry(
         "roll.pipeline.sft.sft_config.SFTConfig", "roll.pipeline.sft.sft_pipeline.SFTPipeline", "sft_arithmetic"
@@ -97,6 +103,11 @@ def config_dirs_given(args: list[str]) -> list[str]:
 def rlvr() -> None:
     """`roll-rlvr`: the RLVR pipeline (GRPO and friends), by default on the arithmetic task."""
     run_entry("rlvr")
+
+
+def agentic() -> None:
+    """`roll-agentic`: multi-turn agentic RL in an environment, by default the calculator tool task."""
+    run_entry("agentic")
 
 
 def sft() -> None:

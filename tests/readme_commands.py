@@ -352,7 +352,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
         for command, cheaper in (
             (f"python scripts/make_agentic_sft_data.py {task}", ""),
             (f"roll-sft --config-name sft_{task}", " max_steps=2 eval_steps=2"),
-            (f"roll-rlvr --config-name agentic_{task}", " dry_run=true"),
+            (f"roll-agentic --config-name agentic_{task}", " dry_run=true"),
         )
     },
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),

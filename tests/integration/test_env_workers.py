@@ -13,9 +13,9 @@ from roll.envs.manager import EnvManager
 from roll.envs.protocol import ENV_ERROR
 from roll.envs.registry import make_env
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.rlvr.agentic_config import EnvArguments
-from roll.pipeline.rlvr.env_workers import EnvWorkers
-from roll.pipeline.rlvr.multi_turn import MultiTurnRollout
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.env_workers import EnvWorkers
+from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from tests.unit.test_multi_turn import ScriptedEngine
 
 pytestmark = pytest.mark.usefixtures("ray_session")

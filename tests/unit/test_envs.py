@@ -261,7 +261,7 @@ def test_sft_transcript_rows_tokenise_as_the_rollout_history(task: str) -> None:
     """Each row's prompt is, id for id, what the multi-turn rollout holds before that turn: the first observation,
     then per turn the sampled action with its EOS and the next observation, each encoded on its own."""
     from roll.models.tiny import build_char_tokenizer
-    from roll.pipeline.rlvr.observations import ObservationEncoder
+    from roll.pipeline.agentic.observations import ObservationEncoder
 
     tokenizer = build_char_tokenizer()
     encoder = ObservationEncoder(tokenizer, chat_template=False)

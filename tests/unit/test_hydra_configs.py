@@ -68,6 +68,7 @@ SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
     "sft": SFTConfig,
     "rlvr": RLVRConfig,
+    "agentic": RLVRConfig,
     "dpo": DPOConfig,
     "rm": RMConfig,
     "distill": DistillConfig,

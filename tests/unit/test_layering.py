@@ -72,6 +72,10 @@ def test_no_import_of_a_higher_layer(module: str) -> None:
     assert not upward, f"{module} imports a higher layer: {upward}"
 
 
+# Families one may import: RLVR's driver runs agentic RL's multi-turn rollout when its config has an `env:` block.
+FAMILY_IMPORTS = {"rlvr": {"agentic"}}
+
+
 def pipeline_family(module: str) -> str | None:
     """The pipeline family (`rlvr`, `dpo`, ...) a module belongs to; None outside the families (`base` is none)."""
     parts = module.split(".")
@@ -86,11 +90,18 @@ def test_no_pipeline_family_imports_another(module: str) -> None:
     crossing = [
         f"line {line}: {target}"
         for target, line in imported_roll_modules(roll_modules()[module])
-        if pipeline_family(target) not in (None, own)
+        if pipeline_family(target) not in (None, own, *FAMILY_IMPORTS.get(own, ()))
     ]
     assert not crossing, (
         f"{module} imports another pipeline family (move what they share to roll.pipeline.base): {crossing}"
     )
+
+
+def test_agentic_rl_has_its_own_family_which_imports_no_other() -> None:
+    agentic = [m for m in roll_modules() if pipeline_family(m) == "agentic"]
+    assert {"roll.pipeline.agentic.multi_turn", "roll.pipeline.agentic.env_rollout"} <= set(agentic)
+    assert not [m for m in roll_modules() if m.startswith("roll.pipeline.rlvr.") and "env" in m.rsplit(".", 1)[1]]
+    assert "agentic" not in FAMILY_IMPORTS  # the reverse import would be a cycle: rlvr imports agentic
 
 
 def test_every_package_says_what_it_is_for() -> None:

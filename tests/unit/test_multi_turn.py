@@ -15,9 +15,9 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.envs.protocol import SUCCESS
 from roll.envs.registry import register_env
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.rlvr.agentic_config import EnvArguments
-from roll.pipeline.rlvr.env_rollout import EnvRollouts
-from roll.pipeline.rlvr.multi_turn import MultiTurnRollout
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.env_rollout import EnvRollouts
+from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from roll.pipeline.rlvr.rollout import compute_advantages
 
 RESETS: list[int | None] = []

@@ -16,6 +16,7 @@ from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_worker, plan_weight_sync
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import TINY_SCHEME
+from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 from roll.pipeline.base.resumable import ResumableRun
 from roll.pipeline.base.teacher_checks import (
@@ -24,7 +25,6 @@ from roll.pipeline.base.teacher_checks import (
     check_teacher_model,
     check_teacher_strategy,
 )
-from roll.pipeline.rlvr.agentic_config import EnvArguments
 from roll.rewards.sandbox import import_reward_fn
 
 # The advantage estimators that credit each token with its own reward (the others sum a sequence's rewards first).

@@ -19,6 +19,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.response_scores import LOG_PROB_TEMPERATURE
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
+from roll.pipeline.agentic.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
@@ -27,7 +28,6 @@ from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_P
 from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.rlvr import phases, step_plan
 from roll.pipeline.rlvr.async_generation import BackgroundCall, InFlightRollout, PolicyVersions
-from roll.pipeline.rlvr.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKERS, RLVRConfig
 from roll.pipeline.rlvr.rollout import (
     add_overlong_penalty,

@@ -21,7 +21,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from roll.envs.manager import EnvManager, EnvResult, checked_slots, failed_result
-from roll.pipeline.rlvr.agentic_config import EnvArguments
+from roll.pipeline.agentic.agentic_config import EnvArguments
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
-from roll.pipeline.rlvr.agentic_config import EnvArguments
-from roll.pipeline.rlvr.multi_turn import MultiTurnRollout
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 
 
 class EpisodeSeeds:

@@ -13,7 +13,7 @@ from roll.configs.schema import ConfigError, any_value, check
 from roll.envs.protocol import Env
 from roll.envs.registry import env_factory, make_env
 from roll.envs.tools import ToolEnv
-from roll.pipeline.rlvr.observations import ObservationEncoder
+from roll.pipeline.agentic.observations import ObservationEncoder
 
 
 @dataclass
@@ -44,7 +44,7 @@ class EnvArguments:
     timeout_s: float = field(default=30.0, metadata=check(gt=0))
     max_concurrency: int = field(default=8, metadata=check(ge=1))
     # 0: the environments run in the driver (cheap games). N: they are spread over N CPU Ray actors, the env
-    # role (roll/pipeline/rlvr/env_workers.py), each calling its environments with max_concurrency threads.
+    # role (roll/pipeline/agentic/env_workers.py), each calling its environments with max_concurrency threads.
     num_env_workers: int = field(default=0, metadata=check(ge=0))
 
     def make_env(self) -> Env:

@@ -29,10 +29,10 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.envs.manager import EnvManager, EnvResult
 from roll.envs.protocol import ENV_ERROR, INVALID_ACTION, OBSERVATION_ROLE, SUCCESS, TOOL_CALLS, TOOL_SUCCESSES
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.env_workers import EnvWorkers
+from roll.pipeline.agentic.observations import ObservationEncoder
 from roll.pipeline.base.rl_workers import WITH_ENGINE_LOG_PROBS
-from roll.pipeline.rlvr.agentic_config import EnvArguments
-from roll.pipeline.rlvr.env_workers import EnvWorkers
-from roll.pipeline.rlvr.observations import ObservationEncoder
 
 # generate(request, generating_args) -> a rollout batch (`responses`, `response_mask`, maybe `engine_log_probs`).
 Generate = Callable[[DataProto, GeneratingArguments], DataProto]
