@@ -318,7 +318,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     "bash scripts/run.sh": Run(f"bash scripts/run.sh {QUICK_RUN}"),
     "bash scripts/test.sh": Collected("tests/"),
     "source .venv/bin/activate": Run("source .venv/bin/activate"),
-    "roll-env": Run("roll-env", beside=True),
+    "roll-sysinfo": Run("roll-sysinfo", beside=True),
     "tensorboard --logdir output/rlvr/logs/tensorboard": Run(
         "tensorboard --logdir output/rlvr/logs/tensorboard --inspect | grep actor/loss > /dev/null"
     ),
@@ -490,7 +490,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
         command: Skip("builds the CUDA image from the network's packages and pushes it to the user's registry")
         for command in ("docker build --target cuda -t <registry>/roll:cuda .", "docker push <registry>/roll:cuda")
     },
-    "roll-env --address <head-ip>:6379": Skip(CLUSTER),
+    "roll-sysinfo --address <head-ip>:6379": Skip(CLUSTER),
     "ray stop": Skip("stops every Ray of this machine, the test suite's own included"),
     "ray job logs --follow <id>": Skip(CLUSTER),
     "ray job stop <id>": Skip(CLUSTER),

