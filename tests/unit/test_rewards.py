@@ -19,7 +19,7 @@ from roll.rewards.functions import (
     math_reward,
     think_answer_format_reward,
 )
-from roll.rewards.sandbox import RewardFunctionError, Scorer
+from roll.rewards.reward_process import RewardFunctionError, Scorer
 from tests.unit.test_config_validation import rlvr
 
 GSM8K_ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72"

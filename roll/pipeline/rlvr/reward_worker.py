@@ -11,7 +11,7 @@ from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
-from roll.rewards import sandbox as reward_sandbox
+from roll.rewards import reward_process
 
 
 class RewardWorker(Worker):
@@ -26,14 +26,14 @@ class RewardWorker(Worker):
         """Load the tokenizer and start the scoring process."""
         config = self.worker_config
         for dotted in config.reward_fns:  # fail at start-up, not once per sample
-            reward_sandbox.import_reward_fn(dotted)
+            reward_process.import_reward_fn(dotted)
         self.tokenizer = load_tokenizer(config.model_args.model_name_or_path)
         # Children fork from a server that has the reward function's module imported already, so
         # replacing a hung child costs milliseconds.
         context = multiprocessing.get_context("forkserver")
         modules = [dotted.rpartition(".")[0] for dotted in config.reward_fns]
-        context.set_forkserver_preload([reward_sandbox.__name__, *modules])
-        self._scorer = reward_sandbox.Scorer(context, config.reward_fns, config.reward_weights)
+        context.set_forkserver_preload([reward_process.__name__, *modules])
+        self._scorer = reward_process.Scorer(context, config.reward_fns, config.reward_weights)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_rewards(self, batch: DataProto) -> DataProto:
@@ -46,7 +46,7 @@ class RewardWorker(Worker):
             non_tensors={"response_text": texts},
         )
 
-    def _score_all(self, samples: list[reward_sandbox.Sample]) -> tuple[list[float], list[float]]:
+    def _score_all(self, samples: list[reward_process.Sample]) -> tuple[list[float], list[float]]:
         scores: list[float] = []
         failed: list[float] = []
         outcomes = self._scorer.score_all(samples, self.worker_config.timeout_s)

@@ -25,7 +25,7 @@ from roll.pipeline.base.teacher_checks import (
     check_teacher_model,
     check_teacher_strategy,
 )
-from roll.rewards.sandbox import import_reward_fn
+from roll.rewards.reward_process import import_reward_fn
 
 # The advantage estimators that credit each token with its own reward (the others sum a sequence's rewards first).
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "gae")

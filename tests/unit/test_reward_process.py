@@ -1,4 +1,4 @@
-"""The reward sandbox: scores, failures, deadlines and a quiet exit however Ray ends the worker."""
+"""Reward functions in a child process: scores, failures, deadlines and a quiet exit however Ray ends the worker."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from roll.rewards.sandbox import RewardFunctionError, Scorer
+from roll.rewards.reward_process import RewardFunctionError, Scorer
 from tests.conftest import REPO_ROOT
 
-HERE = "tests.unit.test_reward_sandbox"
+HERE = "tests.unit.test_reward_process"
 
 
 def picky_reward(prompt: str, response: str, answer: str) -> float:
@@ -65,7 +65,7 @@ def test_a_child_that_died_between_batches_is_replaced_without_failing_a_sample(
 WORKER_EXIT = f"""
 import multiprocessing, os, signal
 from multiprocessing import resource_tracker
-from roll.rewards.sandbox import Scorer
+from roll.rewards.reward_process import Scorer
 
 scorer = Scorer(multiprocessing.get_context("forkserver"), "{HERE}.picky_reward")
 print(scorer.score_all([("", "a", "a")], timeout_s=30)[0])
