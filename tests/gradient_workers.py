@@ -11,7 +11,7 @@ import torch
 from roll.distributed.executor.strategy_worker import StrategyWorker
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.pipeline.base.rl_workers import ActorWorker
-from roll.pipeline.rm.prm_worker import ProcessRewardWorker
+from roll.pipeline.rm.prm_worker import ProcessRewardTrainWorker
 
 
 class GradientRecorder(StrategyWorker):
@@ -40,5 +40,5 @@ class ActorGradientWorker(GradientRecorder, ActorWorker):
     """ActorWorker (PPO and SFT updates) that records its gradients."""
 
 
-class ProcessRewardGradientWorker(GradientRecorder, ProcessRewardWorker):
-    """ProcessRewardWorker (the step BCE) that records its gradients."""
+class ProcessRewardTrainGradientWorker(GradientRecorder, ProcessRewardTrainWorker):
+    """ProcessRewardTrainWorker (the step BCE) that records its gradients."""

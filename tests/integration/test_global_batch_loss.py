@@ -141,7 +141,7 @@ def test_process_reward_update_on_two_ranks_equals_one_rank(
 ) -> None:
     batch = rollout()
     calls = {"step bce": lambda c: c.process_reward_step(batch)}
-    worker = "tests.gradient_workers.ProcessRewardGradientWorker"
+    worker = "tests.gradient_workers.ProcessRewardTrainGradientWorker"
     two_ranks = updates(host_pool, resource_manager, worker, model_path, 2, calls)
     one_rank = updates(host_pool, resource_manager, worker, model_path, 1, calls)
     wrong = mismatches(two_ranks, one_rank)

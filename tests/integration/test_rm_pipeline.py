@@ -14,7 +14,7 @@ from roll.datasets.preference_dataset import encode_pairs, load_preference_split
 from roll.datasets.step_dataset import encode_steps, load_step_splits
 from roll.distributed.strategy.hf_compute import position_ids_from_mask
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_MODEL_WORKER, REWARD_MODEL_WORKER
+from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_SCORING_WORKER, REWARD_MODEL_WORKER
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rm.rm_config import RMConfig
 from roll.pipeline.rm.rm_pipeline import RMPipeline
@@ -150,7 +150,7 @@ def test_process_reward_model_trains_on_step_labels_and_exports_a_score_per_toke
         "data.task=two_step_arithmetic",
         "actor_infer.generating_args.max_new_tokens=8",
         "algorithm.adv_estimator=reinforce_plus_plus",
-        f"rewards.math.worker_cls={PROCESS_REWARD_MODEL_WORKER}",
+        f"rewards.math.worker_cls={PROCESS_REWARD_SCORING_WORKER}",
         f"rewards.math.model_args.model_name_or_path={export}",
         "rewards.math.strategy_args.strategy_name=hf_infer",
         "rewards.math.model_args.dtype=fp32",

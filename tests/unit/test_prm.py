@@ -191,7 +191,7 @@ def rm(*overrides: str, name: str = "rm_prm_arithmetic") -> RMConfig:
         (["data.format=unpaired", "data.step_separator=x"], "data.step_separator='x' applies to data.format=steps"),
         (
             ["data.format=pairs"],
-            "worker_cls=roll.pipeline.rm.prm_worker.ProcessRewardWorker does not train on data.format=pairs",
+            "worker_cls=roll.pipeline.rm.prm_worker.ProcessRewardTrainWorker does not train on data.format=pairs",
         ),
         (["batch_size=32"], "batch_size=32 step-labelled responses are 32 rows, which must equal reward_model"),
         (["pretrain=/no/such/rm/model"], "a process reward model starts from a trained reward model; write the RM"),
@@ -204,7 +204,7 @@ def test_prm_config_errors_name_the_field(overrides: list[str], message: str) ->
 
 def test_the_prm_yaml_validates_and_plans_rows_scored_at_separators() -> None:
     config = rm()
-    assert config.reward_model.worker_cls.endswith("ProcessRewardWorker") and config.data.format == "steps"
+    assert config.reward_model.worker_cls.endswith("ProcessRewardTrainWorker") and config.data.format == "steps"
     assert config.batch_plan()[0].startswith("step-labelled responses: 64 per optimizer step = 64 rows")
     with pytest.raises(ConfigError, match=r"data\.format=unpaired .* trains with KTO"):
         rm("data.format=unpaired", name="rm_arithmetic")

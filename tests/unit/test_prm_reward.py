@@ -18,8 +18,8 @@ from roll.datasets.prompt_dataset import load_splits
 from roll.datasets.step_dataset import load_step_splits, response_step_ends
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
-from roll.pipeline.base.reward_model_worker import ProcessRewardModelWorker, step_end_mask
-from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_MODEL_WORKER, REWARD_MODEL_WORKER
+from roll.pipeline.base.reward_model_worker import ProcessRewardScoringWorker, step_end_mask
+from roll.pipeline.rlvr.rlvr_config import PROCESS_REWARD_SCORING_WORKER, REWARD_MODEL_WORKER
 from roll.pipeline.rlvr.rollout import compute_advantages
 from tests.unit.test_rm import rlvr_with_reward_model, write_model_config
 
@@ -100,7 +100,7 @@ def test_the_prm_worker_scores_steps_of_generated_ids_and_the_closing_eos_as_one
     worker = SimpleNamespace(
         strategy=_FixedScoresStrategy(), tokenizer=tokenizer, worker_config=config, compute_seconds=0.0
     )
-    out = ProcessRewardModelWorker.compute_rewards(worker, batch).batch
+    out = ProcessRewardScoringWorker.compute_rewards(worker, batch).batch
     closing = torch.sigmoid(SCORES[0, 0]).item()
     assert out["scores"].tolist() == pytest.approx([score, closing])
     assert out["reward_failed"].tolist() == [0.0, 0.0]
@@ -151,7 +151,7 @@ def test_the_two_step_task_prompts_a_sum_of_three_and_demonstrates_both_steps() 
 def prm_rlvr(tmp_path: Path, model: str, *overrides: str) -> Any:
     return rlvr_with_reward_model(
         tmp_path,
-        f"rewards.math.worker_cls={PROCESS_REWARD_MODEL_WORKER}",
+        f"rewards.math.worker_cls={PROCESS_REWARD_SCORING_WORKER}",
         f"rewards.math.model_args.model_name_or_path={model}",
         "rewards.math.strategy_args.strategy_name=hf_infer",
         *overrides,
@@ -204,7 +204,7 @@ def test_each_reward_model_worker_refuses_the_other_kind_of_export_naming_the_fi
         rf"with 1 label; .*rm_prm_arithmetic.* or set the cluster's worker_cls to {REWARD_MODEL_WORKER}",
     ):
         prm_rlvr(tmp_path, outcome, "algorithm.adv_estimator=reinforce_plus_plus")
-    with pytest.raises(ConfigError, match=rf"worker_cls to {PROCESS_REWARD_MODEL_WORKER}"):
+    with pytest.raises(ConfigError, match=rf"worker_cls to {PROCESS_REWARD_SCORING_WORKER}"):
         rlvr_with_reward_model(
             tmp_path,
             f"rewards.math.model_args.model_name_or_path={prm_dir}",

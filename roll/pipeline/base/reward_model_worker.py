@@ -2,7 +2,7 @@
 
 Selected in RLVR by `rewards.<key>.worker_cls`, with the exported model (`roll-rm`) as the cluster's
 `model_args.model_name_or_path` and an inference strategy (hf_infer): an outcome reward model scores a
-whole response (`RewardModelWorker`), a process reward model each of its steps (`ProcessRewardModelWorker`).
+whole response (`RewardModelWorker`), a process reward model each of its steps (`ProcessRewardScoringWorker`).
 They read the same token ids the policy generated, so the model must share the policy's tokenizer.
 """
 
@@ -73,7 +73,7 @@ class RewardModelWorker(StrategyWorker):
         return self.strategy.forward_step(batch, forward)["scores"]
 
 
-class ProcessRewardModelWorker(StrategyWorker):
+class ProcessRewardScoringWorker(StrategyWorker):
     """Scores `[prompt | response]` rows with a process reward model (`roll-rm --config-name rm_prm_arithmetic`):
     the response is split into steps at `step_separator` as the model's training data was, and the model's
     probability that a step is correct is sigmoid of its score at the step's last token.

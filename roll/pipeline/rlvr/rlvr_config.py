@@ -32,12 +32,12 @@ TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "gae")
 # The reward clusters that score responses with a trained reward model (`roll-rm`'s export) instead of a function:
 # an outcome reward model (a score per response) and a process reward model (a score per step).
 REWARD_MODEL_WORKER = "roll.pipeline.base.reward_model_worker.RewardModelWorker"
-PROCESS_REWARD_MODEL_WORKER = "roll.pipeline.base.reward_model_worker.ProcessRewardModelWorker"
-REWARD_MODEL_WORKERS = (REWARD_MODEL_WORKER, PROCESS_REWARD_MODEL_WORKER)
+PROCESS_REWARD_SCORING_WORKER = "roll.pipeline.base.reward_model_worker.ProcessRewardScoringWorker"
+REWARD_MODEL_WORKERS = (REWARD_MODEL_WORKER, PROCESS_REWARD_SCORING_WORKER)
 # The head each reward-model cluster reads (transformers' architecture suffix) and the roll-rm run that exports it.
 _REWARD_MODEL_HEADS = {
     REWARD_MODEL_WORKER: ("ForSequenceClassification", "reward model", "roll-rm"),
-    PROCESS_REWARD_MODEL_WORKER: (
+    PROCESS_REWARD_SCORING_WORKER: (
         "ForTokenClassification",
         "process reward model",
         "roll-rm --config-name rm_prm_arithmetic",
@@ -104,7 +104,7 @@ class RewardConfig(WorkerConfig):
         metadata=check(items=Rule(ge=0), hint="one weight per reward_fn entry; empty weighs each 1", bad=[-1.0]),
     )
     timeout_s: float = field(default=10.0, metadata=check(gt=0))
-    # A process reward model (worker_cls PROCESS_REWARD_MODEL_WORKER): the text after each step, as in the data it
+    # A process reward model (worker_cls PROCESS_REWARD_SCORING_WORKER): the text after each step, as in the data it
     # was trained on (data.step_separator of roll-rm); a response is split into steps there.
     step_separator: str = field(
         default="\n", metadata=check(nonempty=True, expect="the text after each step, e.g. '\\n' or ' ки'")
@@ -231,7 +231,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
             lines += self.env.describe(samples, infer.generating_args.max_new_tokens)
         for key, reward in self.reward_clusters().items():
             line = f"rewards.{key}: its domains' samples over {reward.world_size} worker(s)"
-            if reward.worker_cls == PROCESS_REWARD_MODEL_WORKER:
+            if reward.worker_cls == PROCESS_REWARD_SCORING_WORKER:
                 split = f"split into steps at {reward.step_separator!r}"
                 given = "each step's reward on its last token" if reward.step_rewards else "the sample's score"
                 line += f", {split}; the process reward model gives {given} (score: {reward.step_aggregate} step)"
@@ -323,7 +323,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
                 f"rewards.{key}.reward_weights weighs reward_fn entries, but a reward-model cluster scores with its "
                 "model alone; leave reward_weights empty"
             )
-        if reward.worker_cls == PROCESS_REWARD_MODEL_WORKER:
+        if reward.worker_cls == PROCESS_REWARD_SCORING_WORKER:
             self._check_step_rewards(key, reward)
 
     def _check_step_rewards(self, key: str, reward: RewardConfig) -> None:

@@ -33,8 +33,10 @@ def process_objective(
     return step_bce_loss(scores, labels, mask), metrics
 
 
-class ProcessRewardWorker(StrategyWorker):
-    """The `reward_model` role of a process-reward run: `compute_step_scores` and `process_reward_step`."""
+class ProcessRewardTrainWorker(StrategyWorker):
+    """Trains a process reward model: the `reward_model` role of `roll-rm` on step-labelled data
+    (`compute_step_scores` and `process_reward_step`). RLVR scores with the exported model through
+    `roll.pipeline.base.reward_model_worker.ProcessRewardScoringWorker`."""
 
     model_kind: ModelKind = "value"
 

@@ -13,7 +13,7 @@ from roll.pipeline.base.preference_config import PreferenceRunConfig
 # The reward_model worker of each data format: Bradley-Terry on pairs, per-step BCE on step-labelled responses.
 WORKERS = {
     "pairs": "roll.pipeline.rm.rm_worker.RewardTrainWorker",
-    "steps": "roll.pipeline.rm.prm_worker.ProcessRewardWorker",
+    "steps": "roll.pipeline.rm.prm_worker.ProcessRewardTrainWorker",
 }
 
 
