@@ -20,21 +20,17 @@ from transformers import (
 )
 
 from roll.models.build_cache import build_in_cache, read_marker, write_marker
+from roll.models.chat_templates import TINY_CHAT_TEMPLATE
 
 DEFAULT_ALPHABET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + "+-*/=()?.,:;!'\"#<>_%"
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPEC_MARKER = "roll_tiny_spec.json"
-# Bump when the build changes, so that directories made by an older build are rebuilt.
-_BUILD_VERSION = 1
+# Bump when the build changes, so that directories made by an older build are rebuilt (2: the chat template
+# renders `tools`).
+_BUILD_VERSION = 2
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<' + message['role'] + '>: ' + message['content'] }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
-    "{{ '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<assistant>: ' }}{% endif %}"
-)
+# The template of the tiny tokenizers, which renders `tools` (roll.models.chat_templates).
+CHAT_TEMPLATE = TINY_CHAT_TEMPLATE
 
 _ARCHITECTURES: dict[str, tuple[type[PreTrainedConfig], type[PreTrainedModel]]] = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),

@@ -263,7 +263,7 @@ def test_a_chat_template_that_cannot_render_a_tool_turn_is_a_config_error(tokeni
     )
     games = EnvArguments(name="guess_number", apply_chat_template=True)
     games.check_chat_template(strict, "strict-model")  # no tools: user turns render
-    tools = EnvArguments(name="calculator_arithmetic", apply_chat_template=True)
+    tools = EnvArguments(name="calculator_arithmetic", apply_chat_template=True, max_observation_tokens=512)
     with pytest.raises(ConfigError, match=r"env\.name=calculator_arithmetic .* 'tool'"):
         tools.check_chat_template(strict, "strict-model")
     tools.check_chat_template(tokenizer, "tiny")  # the tiny template renders any role

@@ -6,6 +6,7 @@ driver (`multi_turn`); the reward clusters and the prompt data are not used.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +15,8 @@ from roll.envs.protocol import Env
 from roll.envs.registry import env_factory, make_env
 from roll.envs.tools import ToolEnv
 from roll.pipeline.agentic.observations import ObservationEncoder
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,9 +81,20 @@ class EnvArguments:
                 f"actor_infer.generating_args.max_new_tokens={max_new_tokens}; raise it to at least {max_new_tokens}"
             )
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The function schemas of the environment's tools (its `tool_schemas()`, as a ToolEnv has; [] without):
+        one environment is built to ask, then closed. The chat template lists them in the prompt."""
+        env = self.make_env()
+        try:
+            schemas = getattr(env, "tool_schemas", None)
+            return list(schemas()) if callable(schemas) else []
+        finally:
+            _close(env)
+
     def check_chat_template(self, tokenizer: Any, model: str) -> None:
-        """With `apply_chat_template`: the policy's template renders a user turn, and a tool turn when the
-        environment calls tools (a ToolEnv); ConfigError naming the field otherwise."""
+        """With `apply_chat_template`: the policy's template renders a user turn, a tool turn when the environment
+        calls tools (a ToolEnv), and its tools' schemas within `max_observation_tokens`; ConfigError naming the
+        field otherwise. A template that ignores `tools` is a warning: the model is not told the tools."""
         if not self.apply_chat_template:
             return
         fix = "use a model whose chat template has them, or set env.apply_chat_template=false"
@@ -103,6 +117,40 @@ class EnvArguments:
                 f"chat template of {model} cannot render a 'tool' message ({exc}); {fix}"
             ) from exc
         finally:
-            close = getattr(env, "close", None)
-            if callable(close):
-                close()
+            _close(env)
+        self._check_tools_in_prompt(ObservationEncoder(tokenizer, True, self.tool_schemas()), model)
+
+    def _check_tools_in_prompt(self, encoder: ObservationEncoder, model: str) -> None:
+        if not encoder.tools:
+            return
+        names = ", ".join(tool.get("function", tool).get("name", "?") for tool in encoder.tools)
+        try:
+            renders = encoder.renders_tools()
+            size = len(encoder.first(""))
+        except Exception as exc:
+            raise ConfigError(
+                f"env.name={self.name} has tools ({names}), but the chat template of {model} cannot render them "
+                f"({exc}); use a model whose template takes `tools`, or set env.apply_chat_template=false"
+            ) from exc
+        if not renders:
+            logger.warning(
+                "env.name=%s has tools (%s), but the chat template of %s does not render `tools`: the model is not "
+                "told which tools exist. Describe them in the environment's observation, or use a model whose "
+                "template lists tools (Qwen2.5, Hermes).",
+                self.name,
+                names,
+                model,
+            )
+        elif size > self.max_observation_tokens:
+            raise ConfigError(
+                f"the first observation of env.name={self.name} lists its tools ({names}) in {size} tokens of "
+                f"{model}'s chat template before the task itself, more than env.max_observation_tokens="
+                f"{self.max_observation_tokens}; raise it (a longer first observation is cut from its start, where "
+                "the tools are)"
+            )
+
+
+def _close(env: Env) -> None:
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()

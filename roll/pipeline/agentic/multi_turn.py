@@ -85,7 +85,9 @@ class MultiTurnRollout:
         self.tokenizer = tokenizer
         self.pad_id = pad_id
         self.with_engine_log_probs = with_engine_log_probs
-        self.encoder = ObservationEncoder(tokenizer, env.apply_chat_template)
+        # The environment's tools, listed in the prompt by the chat template (without one, the observations say it).
+        self.tools = env.tool_schemas() if env.apply_chat_template else []
+        self.encoder = ObservationEncoder(tokenizer, env.apply_chat_template, self.tools)
         self._managers: dict[int, EnvManager | EnvWorkers] = {}
 
     def _manager(self, num_envs: int) -> EnvManager | EnvWorkers:
@@ -143,7 +145,7 @@ class MultiTurnRollout:
         for episode in episodes:
             messages = [{"role": "user", "content": episode.prompt}]
             messages += [{"role": r, "content": t} for r, t in zip(episode.roles, episode.transcript, strict=True)]
-            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            rendered = self.encoder.render(messages)
             rendered_ids = list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
             played = episode.prompt_ids + episode.response_ids
             drifted += rendered_ids[: len(played)] != played

@@ -4,9 +4,17 @@ Without a chat template an observation is its text plus a newline. With one, the
 template's user turn with the generation prompt, and each later one the template's *next-turn delta*: what
 rendering one more message adds after an assistant turn, minus the end-of-turn token the policy sampled
 itself (its EOS).
+
+An environment with tools (`tool_schemas()`, as `roll.envs.tools.ToolEnv` has) gets their function schemas
+rendered through the template's `tools` argument, as a Qwen2.5 or Hermes model reads them (a system section
+listing them inside `<tools></tools>` and the `<tool_call>` convention): in the first observation, and in the
+renderings later turns' deltas are taken from.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -15,31 +23,43 @@ _USER, _ASSISTANT = "\x00u\x00", "\x00a\x00"
 
 
 class ObservationEncoder:
-    """Token ids of observations for `tokenizer`, plain text or through its chat template."""
+    """Token ids of observations for `tokenizer`, plain text or through its chat template with `tools` (function
+    schemas; none by default)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat_template: bool, tools: Sequence[dict[str, Any]] = ()
+    ) -> None:
         if chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("env.apply_chat_template is true but the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.tools = list(tools)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        """`messages` rendered by the chat template as text, with the tools."""
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes the tools into the prompt (a template without `tools` ignores them)."""
+        messages = [{"role": "user", "content": _USER}]
+        with_tools = self.render(messages, add_generation_prompt=True)
+        return bool(self.tools) and with_tools != ObservationEncoder(self.tokenizer, True).render(messages, True)
 
     def first(self, observation: str) -> list[int]:
         """The ids of the episode's first observation (the prompt)."""
         if not self.chat_template:
             return self._ids(observation + "\n")
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": observation}], tokenize=False, add_generation_prompt=True
-        )
-        return self._ids(text)
+        return self._ids(self.render([{"role": "user", "content": observation}], add_generation_prompt=True))
 
     def next(self, observation: str, role: str = "user", action_ended_with_eos: bool = True) -> list[int]:
         """The ids appended after an action: the observation as the next turn of `role` ("user" or "tool")."""
         if not self.chat_template:
             return self._ids(observation + "\n")
         base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
-        render = self.tokenizer.apply_chat_template
-        before = render(base, tokenize=False)
-        after = render([*base, {"role": role, "content": observation}], tokenize=False, add_generation_prompt=True)
+        before = self.render(base)
+        after = self.render([*base, {"role": role, "content": observation}], add_generation_prompt=True)
         if not after.startswith(before):
             raise ValueError("the chat template renders earlier turns differently once a turn follows them")
         # What the template writes after the assistant's text; the policy sampled its EOS part itself.
