@@ -191,7 +191,7 @@ def checks_only(command: str) -> bool:
 
 CLUSTER = "needs a multi-machine Ray cluster; tests/integration/test_deployment.py runs the route on a local head"
 GPU_INSTALL = "the CUDA install for GPU nodes: needs NVIDIA GPUs and download.pytorch.org, which this machine lacks"
-TRACKER_INSTALL = "installs a tracker from the network; tests/unit/test_trackers.py covers the adapters"
+TRACKER_INSTALL = "installs a tracker from the network; tests/unit/test_external_trackers.py covers the adapters"
 PROSE = "a name in prose, not a whole command"
 SYNOPSIS = "a synopsis with optional parts in brackets; the README test checks the script's options with --help"
 QUICK_RUN = "sft.max_steps=2 sft.eval_steps=2 max_steps=1 eval_steps=1"  # the whole main job, a step or two each

@@ -1,8 +1,9 @@
-"""Metrics of a run: TensorBoard events, a JSONL history, PNG plots of the main curves, external trackers
-(roll.utils.trackers), and progress output."""
+"""Tracking a run: its metrics (`MetricsTracker`: TensorBoard events, a JSONL history, PNG plots of the main
+curves, the external trackers of `roll.utils.external_trackers`), timed evaluations, and progress output."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -13,7 +14,7 @@ from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 import psutil
 
-from roll.utils.trackers import open_trackers
+from roll.utils.external_trackers import open_trackers
 
 T = TypeVar("T")
 
@@ -56,6 +57,21 @@ class MetricsTracker:
             self.history_file.unlink()
         self.writer = SummaryWriter(str(self.log_dir / "tensorboard"))
         self.external = open_trackers(trackers, self.log_dir, run_name or self.log_dir.parent.name, config or {})
+
+    @classmethod
+    def for_run(cls, config: Any, resumed_step: int = 0) -> MetricsTracker:
+        """The tracker of a pipeline run (its config dataclass: `run_dir`, `trackers`, `exp_name`), writing under
+        `<run_dir>/logs`; a run resumed at `resumed_step` keeps the history up to it."""
+        tracker = cls(
+            f"{config.run_dir}/logs",
+            resume_history=resumed_step > 0,
+            trackers=config.trackers,
+            run_name=config.exp_name,
+            config=dataclasses.asdict(config),
+        )
+        if resumed_step:
+            tracker.truncate(resumed_step)
+        return tracker
 
     def truncate(self, step: int) -> None:
         """Forget steps after `step` (a resumed run recomputes them)."""

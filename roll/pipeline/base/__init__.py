@@ -17,7 +17,7 @@ What it gets for free:
 - `checkpoint_state`, `resumable`: the driver's part of a checkpoint and `resume_from_checkpoint`;
 - `training_loop`, `preference_config`, `preference_loop`: the loop of steps, held-out evaluation,
   checkpoints, resume and export, and preference-pair data on top of it;
-- `evaluation`, `run_tracking`: greedy held-out accuracy and the run's metrics tracker;
+- `evaluation`: greedy held-out accuracy (the run's metrics go to `roll.utils.tracking.MetricsTracker.for_run`);
 - `teacher_checks`: the checks of a teacher role (distillation);
 - `dry_run`: the placement plan, the batch arithmetic and the memory estimate, without Ray.
 

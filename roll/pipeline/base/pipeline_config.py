@@ -31,8 +31,8 @@ from roll.models.hub import resolve_model_id
 from roll.models.model_providers import peek_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.base.dry_run.model_shape import tiny_shape
+from roll.utils.external_trackers import TRACKER_PACKAGES, missing_packages
 from roll.utils.imports import exception_line
-from roll.utils.trackers import TRACKER_PACKAGES, missing_packages
 
 # Used as a directory name under output_dir.
 EXP_NAME = Rule(pattern=r"\w[\w.-]*", expect="a directory name of letters, digits, '_', '.' and '-'")

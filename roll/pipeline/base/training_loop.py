@@ -15,9 +15,8 @@ from roll.models.tiny import resolve_model_path
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.base.residency import Phase
-from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.base.training_config import TrainingRunConfig
-from roll.utils.tracking import show_progress, timed_evaluation
+from roll.utils.tracking import MetricsTracker, show_progress, timed_evaluation
 
 
 class BatchSampler(Protocol):
@@ -105,7 +104,7 @@ class TrainingRunPipeline(BasePipeline):
         if config.resume_from_checkpoint:
             state = self.resume()
             start_step, history = state["step"], state["val_history"]
-        tracker = open_run_tracker(config, start_step)
+        tracker = MetricsTracker.for_run(config, start_step)
         if not start_step:
             history.append(timed_evaluation(self.evaluate))
             tracker.log(history[-1], 0)

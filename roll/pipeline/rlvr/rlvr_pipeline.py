@@ -25,7 +25,6 @@ from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
-from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.rlvr import phases, step_plan
 from roll.pipeline.rlvr.async_generation import BackgroundCall, InFlightRollout, PolicyVersions
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKERS, RLVRConfig
@@ -37,7 +36,7 @@ from roll.pipeline.rlvr.rollout import (
     mask_truncated_responses,
     widen_prompts,
 )
-from roll.utils.tracking import show_progress, timed_evaluation
+from roll.utils.tracking import MetricsTracker, show_progress, timed_evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -464,7 +463,7 @@ class RLVRPipeline(BasePipeline):
         if config.resume_from_checkpoint:
             state = self.resume()
             start_step, accuracies = state["step"], state["val_accuracy_history"]
-        self.tracker = tracker = open_run_tracker(config, start_step)
+        self.tracker = tracker = MetricsTracker.for_run(config, start_step)
         if not start_step:
             evaluation = timed_evaluation(self.evaluate)
             accuracies.append(evaluation["val/accuracy"])

@@ -12,9 +12,8 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
-from roll.pipeline.base.run_tracking import open_run_tracker
 from roll.pipeline.sft.sft_config import SFTConfig
-from roll.utils.tracking import show_progress
+from roll.utils.tracking import MetricsTracker, show_progress
 
 EXPORT_MARKER = "roll_sft.json"
 
@@ -63,7 +62,7 @@ class SFTPipeline(BasePipeline):
         config = self.config
         actor = self.start_cluster("actor_train")
         actor.initialize()
-        tracker = open_run_tracker(config)
+        tracker = MetricsTracker.for_run(config)
         progress = show_progress(range(1, config.max_steps + 1), desc="sft")
         accuracy = self.evaluate()
         tracker.log({"val/accuracy": accuracy}, 0)

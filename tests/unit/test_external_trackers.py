@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from roll.configs.schema import ConfigError
-from roll.utils.trackers import MLFLOW_PARAM_LENGTH, mlflow_params
+from roll.utils.external_trackers import MLFLOW_PARAM_LENGTH, mlflow_params
 from roll.utils.tracking import MetricsTracker
 from tests.unit.test_config_validation import rlvr
 

@@ -146,5 +146,5 @@ ADAPTERS: dict[str, type] = {"wandb": WandbTracker, "swanlab": SwanlabTracker, "
 def open_trackers(
     trackers: Iterable[str], log_dir: Path, run_name: str, config: dict[str, Any]
 ) -> list[ExternalTracker]:
-    """Start the requested external trackers (TensorBoard is MetricsTracker's own)."""
+    """Start the requested external trackers (TensorBoard is roll.utils.tracking.MetricsTracker's own)."""
     return [ADAPTERS[name](log_dir, run_name, config) for name in trackers if name in ADAPTERS]
