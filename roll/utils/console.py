@@ -1,0 +1,240 @@
+"""What a run prints, and what goes to its log file instead.
+
+The console shows the plan, the progress line (or bar), milestones (evaluation, checkpoint, export), warnings
+and errors. Every other record goes to the run's log file, `<run_dir>/logs/run.log` (appended to, one header
+per start), which the console names at the start. Worker processes follow the same rule in their own process:
+the libraries' loggers (DeepSpeed, transformers, accelerate, torch.distributed, Ray) stay at WARNING where they
+are made, transformers and huggingface_hub draw no progress bars, roll's own records go to
+`<run_dir>/logs/workers.log`, and only warnings and errors reach the worker's stderr, which Ray forwards to the
+driver's console.
+
+Verbose brings the detail back to the console: every record at INFO and above, the libraries' included, in the
+driver and in the workers. It is Hydra's `hydra.verbose`: `-v` is short for `hydra.verbose=roll` (roll's
+loggers at DEBUG), `hydra.verbose=true` puts every logger at DEBUG, `hydra.verbose=[<logger>,...]` those named.
+
+A record is a milestone when logged with `extra=MILESTONE`: shown on the console at INFO.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+# `logger.info(..., extra=MILESTONE)`: a record the console shows although it is not a warning.
+MILESTONE = {"milestone": True}
+
+# The libraries whose records are detail: their INFO goes nowhere unless verbose (their warnings still show).
+LIBRARY_LOGGERS = (
+    "DeepSpeed",  # deepspeed.utils.logger
+    "deepspeed",
+    "transformers",
+    "accelerate",
+    "torch.distributed",
+    "torch._dynamo",
+    "ray",
+    "datasets",
+    "huggingface_hub",
+    "httpx",
+    "urllib3",
+    "filelock",
+)
+
+# What the driver hands its workers (in Ray's runtime environment): verbose or not, and the workers' log file.
+VERBOSE_ENV = "ROLL_VERBOSE"
+WORKER_LOG_ENV = "ROLL_WORKER_LOG"
+
+FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+WORKER_FILE_FORMAT = "%(asctime)s %(levelname)s pid %(process)d %(name)s: %(message)s"
+
+
+class ConsoleFilter(logging.Filter):
+    """Passes warnings and errors, and milestones (records logged with `extra=MILESTONE`); everything when
+    `verbose`."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.verbose or record.levelno >= logging.WARNING or bool(getattr(record, "milestone", False))
+
+
+class ConsoleFormatter(logging.Formatter):
+    """A milestone as its message alone; a warning or an error with its level and logger; detail (verbose) as the
+    log file writes it."""
+
+    def __init__(self) -> None:
+        super().__init__(FILE_FORMAT)
+        self.short = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "milestone", False):
+            return record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return self.short.format(record)
+        return super().format(record)
+
+
+def debug_loggers(hydra_verbose: object) -> list[str]:
+    """The loggers Hydra's `hydra.verbose` puts at DEBUG: all ("", the root) for true, else the names it gives
+    (a name or a list of names); a run is verbose when there is any."""
+    if isinstance(hydra_verbose, bool) or hydra_verbose is None:
+        return [""] if hydra_verbose else []
+    if isinstance(hydra_verbose, str):
+        return [hydra_verbose] if hydra_verbose else []
+    return [str(name) for name in hydra_verbose]  # type: ignore[attr-defined]  # a list of names
+
+
+def verbose_args(argv: Sequence[str]) -> list[str]:
+    """Command-line arguments with `-v` / `--verbose` spelled as a Hydra override, `hydra.verbose=roll`: the
+    detail on the console, roll's loggers at DEBUG (`hydra.verbose=true` puts every logger at DEBUG)."""
+    out = [arg for arg in argv if arg not in ("-v", "--verbose")]
+    if len(out) != len(argv) and not any(arg.startswith("hydra.verbose=") for arg in out):
+        out.append("hydra.verbose=roll")
+    return out
+
+
+def set_library_levels(verbose: bool) -> None:
+    """The libraries' loggers at WARNING (INFO when verbose), with the handlers of their own (DeepSpeed's)."""
+    level = logging.INFO if verbose else logging.WARNING
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.setLevel(level)
+        for handler in library.handlers:
+            handler.setLevel(level)
+    if "transformers" in sys.modules:  # imported before: its verbosity (read from the environment at import) too
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity(level)
+        if not verbose:
+            transformers_logging.disable_progress_bar()
+
+
+def worker_env(driver_env: dict[str, str] | os._Environ[str] | None = None) -> dict[str, str]:
+    """The variables a worker process starts with, so its libraries are quiet from their first import: no
+    transformers or huggingface_hub progress bars, transformers at WARNING (all of it when verbose), and where
+    roll's records go (`ROLL_WORKER_LOG`, from the driver's run logging)."""
+    driver_env = os.environ if driver_env is None else driver_env
+    verbose = driver_env.get(VERBOSE_ENV) == "1"
+    env = {VERBOSE_ENV: "1" if verbose else "0", "TRANSFORMERS_VERBOSITY": "info" if verbose else "warning"}
+    if not verbose:
+        env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if driver_env.get(WORKER_LOG_ENV):
+        env[WORKER_LOG_ENV] = driver_env[WORKER_LOG_ENV]
+    return env
+
+
+_worker_handlers: list[logging.Handler] = []
+
+
+def configure_worker_logging(env: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """In a worker process: warnings and errors to stderr (which Ray forwards to the driver's console), roll's
+    INFO records to the workers' log file, the libraries quiet (`set_library_levels`); everything to stderr when
+    verbose. Calling it again (a second role in the same process) changes nothing."""
+    env = os.environ if env is None else env
+    if _worker_handlers:
+        return
+    verbose = env.get(VERBOSE_ENV) == "1"
+    root = logging.getLogger()
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(ConsoleFilter(verbose))
+    console.setFormatter(ConsoleFormatter())
+    _worker_handlers.append(console)
+    path = env.get(WORKER_LOG_ENV)
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            file = logging.FileHandler(path, encoding="utf-8", delay=True)
+        except OSError as exc:  # a node that cannot write the driver's path: the detail stays in Ray's worker log
+            console.handle(logging.makeLogRecord({"msg": f"workers' log file {path}: {exc}", "levelno": 30}))
+        else:
+            file.setFormatter(logging.Formatter(WORKER_FILE_FORMAT))
+            _worker_handlers.append(file)
+    for handler in _worker_handlers:
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    set_library_levels(verbose)
+
+
+def reapply_library_levels() -> None:
+    """In a configured worker, the libraries' levels again: after importing one that sets its own when imported
+    (DeepSpeed's logger is made at WARNING), so a verbose run still gets its detail."""
+    if _worker_handlers:
+        set_library_levels(os.environ.get(VERBOSE_ENV) == "1")
+
+
+class RunLogs:
+    """The driver's logging for one run (see `run_logging`): records wait in memory until `to_file` names the
+    run's log file."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+        self.path: Path | None = None
+        self.console = logging.StreamHandler(sys.stderr)
+        self.console.addFilter(ConsoleFilter(verbose))
+        self.console.setFormatter(ConsoleFormatter())
+        self.pending = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+        self.file: logging.FileHandler | None = None
+
+    def to_file(self, path: Path, header: str) -> Path:
+        """Write the records so far and every later one to `path` (appended, after `header`), and tell the
+        workers to write theirs beside it (`workers.log`). Returns the path."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n")
+        self.file = logging.FileHandler(path, encoding="utf-8")
+        self.file.setFormatter(logging.Formatter(FILE_FORMAT))
+        self.pending.setTarget(self.file)
+        self.pending.flush()
+        root = logging.getLogger()
+        root.removeHandler(self.pending)
+        root.addHandler(self.file)
+        os.environ[WORKER_LOG_ENV] = str(path.parent / "workers.log")
+        self.path = path
+        return path
+
+
+@contextlib.contextmanager
+def run_logging(verbose: bool, debug_loggers: Sequence[str] = ()) -> Iterator[RunLogs]:
+    """The driver's logging while a run lasts: the console shows warnings, errors and milestones (everything
+    when `verbose`), the run's log file every record at INFO and above (`RunLogs.to_file`), the libraries'
+    included; the loggers named in `debug_loggers` ("" for all) at DEBUG. Hydra's handlers, the loggers' levels,
+    the "ray" logger and the variables the workers inherit are put back afterwards."""
+    root, ray_logger = logging.getLogger(), logging.getLogger("ray")
+    saved_root = (list(root.handlers), root.level)
+    saved_ray = (list(ray_logger.handlers), ray_logger.propagate, ray_logger.level)
+    saved_levels = {name: logging.getLogger(name).level for name in debug_loggers}
+    saved_env = {name: os.environ.get(name) for name in (VERBOSE_ENV, WORKER_LOG_ENV)}
+    logs = RunLogs(verbose)
+    root.handlers[:] = [logs.console, logs.pending]
+    root.setLevel(logging.INFO)
+    # Ray's driver logger writes to a handler of its own: its records ("Started a local Ray instance", ...) join
+    # the others, so they reach the log file, and the console only when they are warnings.
+    ray_logger.handlers[:] = []
+    ray_logger.propagate = True
+    for name in debug_loggers:
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    os.environ[VERBOSE_ENV] = "1" if verbose else "0"
+    try:
+        yield logs
+    finally:
+        for handler in (logs.console, logs.pending, logs.file):
+            if handler is not None:
+                handler.close()
+        root.handlers[:], level = saved_root
+        root.setLevel(level)
+        ray_logger.handlers[:], ray_logger.propagate, ray_level = saved_ray
+        ray_logger.setLevel(ray_level)
+        for name, saved in saved_levels.items():
+            logging.getLogger(name).setLevel(saved)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
