@@ -2,8 +2,9 @@
 
 Token in, token out. Each turn generates for every running episode from its token history (left-padded),
 keeps the sampled ids exactly as the engine returned them (the final EOS included), decodes them for the
-environment, and appends the observation encoded on its own (`observations`). The batch it returns is what
-the rest of the RLVR step reads from a single-turn rollout:
+environment, and appends the observation encoded on its own (`observations`; with a chat template the first
+one lists the environment's tools, its `tool_schemas()`). The batch it returns is what the rest of the RLVR step
+reads from a single-turn rollout:
 
 - `prompts`: the first observation (left-padded); `responses`: everything after it, actions and observations,
   right-padded to `env.max_trajectory_tokens`;
