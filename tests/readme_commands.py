@@ -211,10 +211,10 @@ AUTOTP_DRY_RUN = (
     "roll-sft dry_run=true +actor_train.strategy_args.strategy_config.tensor_parallel.autotp_size=2 "
     "actor_train.training_args.gradient_accumulation_steps=2"
 )
-MESSAGES_SFT = f"roll-sft --config-name sft_gsm8k_format exp_name=sft_gsm8k_messages {MESSAGES_DATA}"
+MESSAGES_SFT = f"roll-sft --config-name sft_arithmetic_chat exp_name=sft_arithmetic_chat_messages {MESSAGES_DATA}"
 MESSAGES_RLVR = (
-    "roll-rlvr --config-name rlvr_gsm8k_format exp_name=rlvr_gsm8k_messages pretrain=output/sft_gsm8k_messages/model "
-    + MESSAGES_DATA
+    "roll-rlvr --config-name rlvr_arithmetic_chat exp_name=rlvr_arithmetic_chat_messages "
+    "pretrain=output/sft_arithmetic_chat_messages/model " + MESSAGES_DATA
 )
 # The one test collection: it lints, collects every test file, lists the tests not marked slow and counts the slow
 # ones it deselects; the other test commands' selections are checked in its output (`Collected`).
@@ -340,9 +340,11 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     "roll-sweep-report output/rlvr": Run("roll-sweep-report output/rlvr --help", beside=True),
     AUTOTP_DRY_RUN: Run(AUTOTP_DRY_RUN, beside=True),
     "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
-    "roll-sft --config-name sft_gsm8k_format": Run("roll-sft --config-name sft_gsm8k_format max_steps=2 eval_steps=2"),
-    "roll-rlvr --config-name rlvr_gsm8k_format": Run(
-        "roll-rlvr --config-name rlvr_gsm8k_format max_steps=1 eval_steps=1"
+    "roll-sft --config-name sft_arithmetic_chat": Run(
+        "roll-sft --config-name sft_arithmetic_chat max_steps=2 eval_steps=2"
+    ),
+    "roll-rlvr --config-name rlvr_arithmetic_chat": Run(
+        "roll-rlvr --config-name rlvr_arithmetic_chat max_steps=1 eval_steps=1"
     ),
     # An agentic task's data, the warm start from tiny://qwen2 its recipe reads, and the recipe's dry run read
     # nothing else: beside the others. tests/integration/test_agentic_pipeline.py runs the agentic YAMLs.
@@ -468,7 +470,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     # Further commands of the docs pages.
     TWO_NODE_CHECK: Run(f"{TWO_NODE_CHECK} dry_run=true", beside=True),  # the plan of two nodes, on no cluster
     "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(ray get-auth-token --generate)": Skip(CLUSTER),
-    "echo \"$RAY_AUTH_TOKEN\"": Skip(CLUSTER),
+    'echo "$RAY_AUTH_TOKEN"': Skip(CLUSTER),
     "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<the head's token>": Skip(CLUSTER),
     "ray get-auth-token --generate": Skip(CLUSTER),
     "ray start --head --port=6379 --num-cpus=<cores> --num-gpus=<gpus>": Skip(CLUSTER),

@@ -47,8 +47,8 @@ PIPELINE_SCHEMAS = {
     "rlvr_arithmetic": RLVRConfig,
     "rlvr_qwen2.5_0.5b_8gpu": RLVRConfig,
     "rlvr_qwen2.5_0.5b_cpu": RLVRConfig,
-    "sft_gsm8k_format": SFTConfig,
-    "rlvr_gsm8k_format": RLVRConfig,
+    "sft_arithmetic_chat": SFTConfig,
+    "rlvr_arithmetic_chat": RLVRConfig,
     "dpo_arithmetic": DPOConfig,
     "rm_arithmetic": RMConfig,
     "rm_prm_arithmetic": RMConfig,
@@ -154,7 +154,7 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
         (tmp_path / "train.jsonl").write_text(rows)
         data = tmp_path / "train.jsonl"
         return ["devices_per_node=2", f"data.train_file={data}", f"data.eval_file={data}"]
-    if "gsm8k" not in name and "gpu" not in name:
+    if not name.endswith("_chat") and "gpu" not in name:  # the _chat recipes read GSM8K-format files
         # Their YAML starts from an SFT export (rm_prm: the RM export), or (distill) takes the RLVR export as the
         # teacher.
         from_export = name.startswith(("rlvr", "dpo", "distill", "rm_prm", "agentic"))
