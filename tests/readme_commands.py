@@ -216,6 +216,7 @@ MESSAGES_RLVR = (
     "roll-rlvr --config-name rlvr_arithmetic_chat exp_name=rlvr_arithmetic_chat_messages "
     "pretrain=output/sft_arithmetic_chat_messages/model " + MESSAGES_DATA
 )
+BYO_ENV = "PYTHONPATH=examples/envs roll-agentic --config-name agentic_unit_conversion"
 # The one test collection: it lints, collects every test file, lists the tests not marked slow and counts the slow
 # ones it deselects; the other test commands' selections are checked in its output (`Collected`).
 COLLECTION = 'bash scripts/test.sh -m "not slow" --collect-only -q'
@@ -357,6 +358,8 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
             (f"roll-agentic --config-name agentic_{task}", " dry_run=true"),
         )
     },
+    # The bring-your-own example: its own two steps from tiny://qwen2, reading and writing nothing else.
+    BYO_ENV: Run(BYO_ENV, beside=True),
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
     # The messages file encodes to the prompt/answer file's ids (tests/unit/test_messages_dataset.py), which the
     # command above runs through RLVR.

@@ -60,6 +60,7 @@ PIPELINE_SCHEMAS = {
     "agentic_calculator": RLVRConfig,
     "sft_calculator": SFTConfig,
     "agentic_frozen_lake": RLVRConfig,
+    "agentic_unit_conversion": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
@@ -149,6 +150,8 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
         labels = {"architectures": ["Qwen2ForTokenClassification"], "id2label": {"0": "LABEL_0"}}
         (prm / "config.json").write_text(json.dumps(labels))
         return ["devices_per_node=2", "pretrain=tiny://qwen2", f"rewards.math.model_args.model_name_or_path={prm}"]
+    if name == "agentic_unit_conversion":  # its command puts examples/envs on the PYTHONPATH; here the repository is
+        return ["devices_per_node=2", "env.name=examples.envs.unit_conversion.unit_conversion"]
     if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
         rows = "".join(json.dumps(row) + "\n" for row in AGENTIC_TRANSCRIPTS[name]())
         (tmp_path / "train.jsonl").write_text(rows)
