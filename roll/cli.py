@@ -82,7 +82,10 @@ def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
     except ConfigError as exc:
         exit_on_config_error(exc)
     schema, pipeline_cls = import_object(entry.schema, name), import_object(entry.pipeline_cls, name)
-    register_schema_defaults(name, schema)
+    # Entries sharing the schema share its node under each name (an agentic YAML lists `agentic_schema`, and
+    # `roll-rlvr --config-name agentic_calculator` runs the same pipeline as `roll-agentic`).
+    for other in [name, *(n for n, e in ENTRIES.items() if n != name and e.schema == entry.schema)]:
+        register_schema_defaults(other, schema)
 
     def task(cfg: DictConfig) -> None:
         run_pipeline(cfg, schema, pipeline_cls)
