@@ -82,6 +82,12 @@ def test_the_environments_tool_schemas() -> None:
     assert EnvArguments(name="test_capitals_without_tools").tool_schemas() == []
 
 
+def test_the_dry_run_names_the_tools_the_prompt_lists() -> None:
+    listed = EnvArguments(name="test_capitals_with_lookup", apply_chat_template=True).describe(4, 8)
+    assert listed[-1] == "env test_capitals_with_lookup: tools listed in the prompt by the chat template: lookup"
+    assert "tools" not in EnvArguments(name="test_capitals_with_lookup").describe(4, 8)[-1]  # no template, no listing
+
+
 def test_the_first_observation_lists_the_tools_in_the_qwen25_format(qwen: PreTrainedTokenizerFast) -> None:
     tools = EnvArguments(name="test_capitals_with_lookup").tool_schemas()
     text = qwen.decode(ObservationEncoder(qwen, True, tools).first("capital of peru?"))

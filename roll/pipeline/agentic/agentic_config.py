@@ -55,7 +55,8 @@ class EnvArguments:
         return make_env(self.name, self.kwargs, "env.name")
 
     def describe(self, episodes: int, max_new_tokens: int) -> list[str]:
-        """The dry run's lines: the turn and token budgets of a step's `episodes`, and where the environments run."""
+        """The dry run's lines: the turn and token budgets of a step's `episodes`, where the environments run, and
+        the tools the prompt lists."""
         where = (
             "in the driver"
             if not self.num_env_workers
@@ -67,7 +68,15 @@ class EnvArguments:
             f"<= {self.max_trajectory_tokens} response tokens per episode",
             f"env {self.name}: environments {where}, {self.max_concurrency} calls at once, "
             f"{self.timeout_s:g} s per call; {self.eval_episodes} held-out seeds from {self.eval_seed_offset}",
+            *self._describe_tools(),
         ]
+
+    def _describe_tools(self) -> list[str]:
+        tools = self.tool_schemas() if self.apply_chat_template else []
+        if not tools:
+            return []
+        names = ", ".join(_tool_name(tool) for tool in tools)
+        return [f"env {self.name}: tools listed in the prompt by the chat template: {names}"]
 
     def validate(self, max_new_tokens: int) -> None:
         """The environment resolves and the trajectory budget holds one turn; ConfigError naming the field."""
@@ -123,7 +132,7 @@ class EnvArguments:
     def _check_tools_in_prompt(self, encoder: ObservationEncoder, model: str) -> None:
         if not encoder.tools:
             return
-        names = ", ".join(tool.get("function", tool).get("name", "?") for tool in encoder.tools)
+        names = ", ".join(_tool_name(tool) for tool in encoder.tools)
         try:
             renders = encoder.renders_tools()
             size = len(encoder.first(""))
@@ -148,6 +157,10 @@ class EnvArguments:
                 f"{self.max_observation_tokens}; raise it (a longer first observation is cut from its start, where "
                 "the tools are)"
             )
+
+
+def _tool_name(schema: dict[str, Any]) -> str:
+    return str(schema.get("function", schema).get("name", "?"))
 
 
 def _close(env: Env) -> None:
