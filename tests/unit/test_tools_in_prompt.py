@@ -173,8 +173,9 @@ def test_a_malformed_tool_call_is_answered_with_an_error(qwen: PreTrainedTokeniz
 
 def test_the_tiny_template_puts_the_tools_in_the_rollouts_prompt() -> None:
     tiny = build_char_tokenizer()
-    _, _, model = play(tiny, ["<lookup peru>", "lima"])
+    _, metrics, model = play(tiny, ["<lookup peru>", "lima"])
     assert model.prompts[0][0].startswith("<system>: You may call these tools.")
+    assert metrics["rollout/template_drift"] == 0.0  # braces are <unk> both ways
     assert '"name": "lookup"' in model.prompts[0][0].replace("<unk>", "")
 
 
