@@ -15,6 +15,9 @@ An environment is any object with these two methods (a `gem.Env` is one):
   trackers, everything else is ignored by them. The keys below have fixed meanings; an environment
   sets those that apply to it.
 - `close()` is optional: callers call it when they drop an environment that has one.
+- `tool_schemas()` is optional: the OpenAI-style function schemas of the tools the environment answers (a
+  `tools.ToolEnv` has it). With `env.apply_chat_template`, the rollout passes them to the chat template's
+  `tools`, which lists them in the first observation.
 
 Environments are used from one thread at a time, but not always the same thread (the manager's
 threads), so they keep their random state in themselves (`random.Random(seed)`), never in the
