@@ -2,7 +2,8 @@
 `roll-distill`, `roll-reward-fl` and `roll-cluster-check`.
 
 Each takes the Hydra arguments of its `examples/start_*.py` twin (overrides, `--config-name`,
-`--config-dir`, `-m` sweeps) and runs from any working directory. The YAML comes from the
+`--config-dir`, `-m` sweeps, and `-v` for the run's detail on the console: short for `hydra.verbose=roll`) and
+runs from any working directory. The YAML comes from the
 repository's `examples/config/` (the package is installed editable); with another install, point
 Hydra at a config directory with `--config-path`.
 """
@@ -21,6 +22,7 @@ from roll.configs.hydra_defaults import register_schema_defaults
 from roll.configs.loader import check_yaml_files
 from roll.configs.schema import ConfigError, exit_on_config_error
 from roll.pipeline.base.entry import run_pipeline
+from roll.utils.console import verbose_args
 from roll.utils.imports import import_object
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "examples" / "config"
@@ -77,6 +79,7 @@ def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
     of the config directories must parse first: a config error naming the file and line otherwise.
     """
     entry = ENTRIES[name]
+    sys.argv[1:] = verbose_args(sys.argv[1:])  # `-v`: the run's detail on the console (hydra.verbose=roll)
     try:
         check_yaml_files([config_dir, *config_dirs_given(sys.argv[1:])])
     except ConfigError as exc:

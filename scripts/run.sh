@@ -3,7 +3,7 @@
 # an embedded Ray: an SFT warm start of a tiny model (skipped when its export already exists), then
 # GRPO on held-out-checked arithmetic. Arguments are Hydra overrides of the RLVR run, e.g.
 # `bash scripts/run.sh max_steps=50`; those starting with `sft.` go to the warm start, without the
-# prefix (`sft.max_steps=100`).
+# prefix (`sft.max_steps=100`); `-v` shows both runs' detail on the console.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/setup_env.sh"
@@ -12,7 +12,8 @@ cd "$repo_root"
 sft_args=()
 rlvr_args=()
 for arg in "$@"; do
-  if [[ "$arg" == sft.* ]]; then sft_args+=("${arg#sft.}"); else rlvr_args+=("$arg"); fi
+  if [[ "$arg" == -v || "$arg" == --verbose ]]; then sft_args+=("$arg"); rlvr_args+=("$arg")
+  elif [[ "$arg" == sft.* ]]; then sft_args+=("${arg#sft.}"); else rlvr_args+=("$arg"); fi
 done
 "$venv/bin/python" examples/start_sft_pipeline.py ${sft_args[@]+"${sft_args[@]}"}
 exec "$venv/bin/python" examples/start_rlvr_pipeline.py ${rlvr_args[@]+"${rlvr_args[@]}"}

@@ -68,6 +68,9 @@ HYDRA_OUTPUT = {
     "run": {"dir": "${output_dir}/hydra/${exp_name}/${now:%Y%m%d-%H%M%S}"},
     "sweep": {"dir": "${output_dir}/${exp_name}/sweep-${now:%Y%m%d-%H%M%S}", "subdir": "${hydra.job.num}"},
     "callbacks": {"writable_output": {"_target_": "roll.configs.output_dirs.WritableOutput"}},
+    # No Hydra log handlers: the run sets up its console and its log file, <run_dir>/logs/run.log, itself
+    # (roll/utils/console.py; `hydra.verbose` still sets what the run shows).
+    "job_logging": {"root": None},
 }
 
 
@@ -77,6 +80,6 @@ def register_schema_defaults(config_name: str, schema: type) -> str:
     Returns the node's name.
     """
     node_name = f"{config_name}_schema"
-    hydra = HYDRA_OUTPUT | {"job": {"chdir": False, "name": config_name}}  # the name of Hydra's log file
+    hydra = HYDRA_OUTPUT | {"job": {"chdir": False, "name": config_name}}  # the job's name in Hydra's records
     ConfigStore.instance().store(name=node_name, node={"hydra": hydra, **schema_defaults(schema)})
     return node_name

@@ -18,6 +18,7 @@ A record is a milestone when logged with `extra=MILESTONE`: shown on the console
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import logging.handlers
 import os
@@ -53,16 +54,26 @@ FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 WORKER_FILE_FORMAT = "%(asctime)s %(levelname)s pid %(process)d %(name)s: %(message)s"
 
 
+# Warnings that ask nothing of the user, by where they are logged (logger, function): detail, for the log file.
+# Ray's note that it turned token authentication on for a new local cluster, its default (the setting is
+# cached in the driver's process, so choosing it with RAY_AUTH_MODE there leaves Ray's client without it).
+INFORMATIONAL_WARNINGS = frozenset(
+    {("ray._private.authentication.authentication_token_setup", "_warn_token_auth_enabled")}
+)
+
+
 class ConsoleFilter(logging.Filter):
-    """Passes warnings and errors, and milestones (records logged with `extra=MILESTONE`); everything when
-    `verbose`."""
+    """Passes warnings and errors (but `INFORMATIONAL_WARNINGS`), and milestones (records logged with
+    `extra=MILESTONE`); everything when `verbose`."""
 
     def __init__(self, verbose: bool) -> None:
         super().__init__()
         self.verbose = verbose
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.verbose or record.levelno >= logging.WARNING or bool(getattr(record, "milestone", False))
+        if self.verbose or getattr(record, "milestone", False):
+            return True
+        return record.levelno >= logging.WARNING and (record.name, record.funcName) not in INFORMATIONAL_WARNINGS
 
 
 class ConsoleFormatter(logging.Formatter):
@@ -162,11 +173,42 @@ def configure_worker_logging(env: dict[str, str] | os._Environ[str] | None = Non
     set_library_levels(verbose)
 
 
+@contextlib.contextmanager
+def prints_to_log(name: str) -> Iterator[None]:
+    """What a library prints to stdout inside the block (DeepSpeed's "... built successfully" when it loads an op)
+    as INFO records of logger `name`: detail, like its other records."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            yield
+    finally:
+        for line in printed.getvalue().splitlines():
+            if line.strip():
+                logging.getLogger(name).info(line)
+
+
 def reapply_library_levels() -> None:
     """In a configured worker, the libraries' levels again: after importing one that sets its own when imported
     (DeepSpeed's logger is made at WARNING), so a verbose run still gets its detail."""
     if _worker_handlers:
         set_library_levels(os.environ.get(VERBOSE_ENV) == "1")
+
+
+def _transformers_bars(enabled: bool | None) -> bool | None:
+    """Turn transformers' own progress bars (weights written or loaded) on or off (None: leave them); whether they
+    were on. Hugging Face hub downloads keep theirs."""
+    if enabled is None:
+        return None
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    was, hub_disabled = transformers_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    if enabled:
+        transformers_logging.enable_progress_bar()
+    else:
+        transformers_logging.disable_progress_bar()
+    (disable_progress_bars if hub_disabled else enable_progress_bars)()  # transformers switches the hub's too
+    return was
 
 
 class RunLogs:
@@ -181,10 +223,12 @@ class RunLogs:
         self.console.setFormatter(ConsoleFormatter())
         self.pending = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
         self.file: logging.FileHandler | None = None
+        self.bars_were_on: bool | None = None  # transformers' progress bars, before `to_file` turned them off
 
     def to_file(self, path: Path, header: str) -> Path:
-        """Write the records so far and every later one to `path` (appended, after `header`), and tell the
-        workers to write theirs beside it (`workers.log`). Returns the path."""
+        """Write the records so far and every later one to `path` (appended, after `header`), tell the workers to
+        write theirs beside it (`workers.log`), and (unless verbose) turn transformers' progress bars off until the
+        run ends. Returns the path."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as out:
             out.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n")
@@ -195,7 +239,10 @@ class RunLogs:
         root = logging.getLogger()
         root.removeHandler(self.pending)
         root.addHandler(self.file)
-        os.environ[WORKER_LOG_ENV] = str(path.parent / "workers.log")
+        # Absolute: a worker's working directory need not be the driver's.
+        os.environ[WORKER_LOG_ENV] = os.path.abspath(path.parent / "workers.log")
+        if not self.verbose and self.bars_were_on is None:
+            self.bars_were_on = _transformers_bars(False)  # the driver writes and loads models too (tiny://)
         self.path = path
         return path
 
@@ -224,6 +271,7 @@ def run_logging(verbose: bool, debug_loggers: Sequence[str] = ()) -> Iterator[Ru
     try:
         yield logs
     finally:
+        _transformers_bars(logs.bars_were_on)
         for handler in (logs.console, logs.pending, logs.file):
             if handler is not None:
                 handler.close()

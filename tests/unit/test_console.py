@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from transformers.utils import logging as transformers_logging
 
 from roll.utils import console
 from roll.utils.console import MILESTONE, VERBOSE_ENV, WORKER_LOG_ENV
@@ -80,7 +81,8 @@ def test_the_driver_console_shows_milestones_and_warnings_and_the_run_log_gets_e
 ) -> None:
     monkeypatch.delenv(WORKER_LOG_ENV, raising=False)
     root = logging.getLogger()
-    handlers_before = list(root.handlers)
+    handlers_before, bars_before = list(root.handlers), transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()  # as a driver starts (the test process may have them off)
     log = logging.getLogger("roll.test_console")
     path = tmp_path / "run" / "logs" / "run.log"
     with console.run_logging(verbose=False) as logs:
@@ -89,9 +91,11 @@ def test_the_driver_console_shows_milestones_and_warnings_and_the_run_log_gets_e
         assert logs.to_file(path, "examples/start_rlvr_pipeline.py max_steps=2") == path
         assert os.environ[WORKER_LOG_ENV] == str(path.parent / "workers.log")
         assert os.environ[VERBOSE_ENV] == "0"
+        assert not transformers_logging.is_progress_bar_enabled()  # weights the driver writes (tiny://): no bars
         log.info("step 1 sample 0: '1+2=' -> '3'")
         log.info("checkpoint step_2 saved in out/checkpoints/step_2", extra=MILESTONE)
         log.warning("data.train_file: dropped 2 of 4 rows")
+        _warn_token_auth_enabled()  # Ray's note on its own default: detail
     assert stderr.getvalue() == (
         "checkpoint step_2 saved in out/checkpoints/step_2\n"
         "WARNING roll.test_console: data.train_file: dropped 2 of 4 rows\n"
@@ -107,6 +111,17 @@ def test_the_driver_console_shows_milestones_and_warnings_and_the_run_log_gets_e
     ):
         assert line in written, line
     assert root.handlers == handlers_before and WORKER_LOG_ENV not in os.environ and VERBOSE_ENV not in os.environ
+    bars_after = transformers_logging.is_progress_bar_enabled()
+    if not bars_before:
+        transformers_logging.disable_progress_bar()
+    assert bars_after
+
+
+def _warn_token_auth_enabled() -> None:
+    """Logs as Ray 2.60 does when a new local cluster turns token authentication on by default."""
+    logging.getLogger("ray._private.authentication.authentication_token_setup").warning(
+        "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out."
+    )
 
 
 def test_a_verbose_driver_shows_the_detail_and_debug_of_the_loggers_hydra_names(tmp_path: Path, stderr: Stderr) -> None:
@@ -150,3 +165,32 @@ def test_hydra_verbose_names_the_loggers_at_debug() -> None:
     assert console.debug_loggers(True) == [""]
     assert console.debug_loggers("roll") == ["roll"]
     assert console.debug_loggers(["roll", "DeepSpeed"]) == ["roll", "DeepSpeed"]
+
+
+def test_what_a_library_prints_becomes_a_record_for_the_log_file(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="roll.test_console"), console.prints_to_log("roll.test_console"):
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+    assert capsys.readouterr().out == ""
+    assert [r.getMessage() for r in caplog.records] == [
+        "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully"
+    ]
+
+
+def test_ray_workers_start_quiet_with_deepspeed_told_its_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from roll.distributed.scheduler import initialize
+
+    started: dict = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
+    for name in ("DS_ACCELERATOR", "RAY_ADDRESS", VERBOSE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(WORKER_LOG_ENV, "/out/rlvr/logs/workers.log")
+    initialize.init_ray(None, "roll", 2, "cpu")
+    env = started["runtime_env"]["env_vars"]
+    assert env["DS_ACCELERATOR"] == "cpu" and os.environ["DS_ACCELERATOR"] == "cpu"  # the driver imports it too
+    assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and env["TRANSFORMERS_VERBOSITY"] == "warning"
+    assert env[WORKER_LOG_ENV] == "/out/rlvr/logs/workers.log" and env[VERBOSE_ENV] == "0"

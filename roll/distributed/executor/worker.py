@@ -15,6 +15,7 @@ from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.platforms import current_platform
 from roll.third_party.deepspeed.op_builds import use_environment_builds
+from roll.utils.console import configure_worker_logging
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -35,6 +36,7 @@ class Worker:
     """
 
     def __init__(self, worker_config: WorkerConfig) -> None:
+        configure_worker_logging()  # warnings to the console, the detail to the run's workers.log
         import torch
 
         self.worker_config = worker_config

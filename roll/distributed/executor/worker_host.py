@@ -32,6 +32,7 @@ from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.worker import Worker
 from roll.distributed.strategy.deepspeed_config import zero_stage
 from roll.third_party.deepspeed import process_state
+from roll.utils.console import configure_worker_logging
 
 # The roles' workers hosted by this process, by role name (empty outside a WorkerHost), and why any failed to start.
 HOSTED: dict[str, Worker] = {}
@@ -45,6 +46,7 @@ class WorkerHost:
     `call` runs one of the worker's methods, `remove` takes the role out again."""
 
     def __init__(self) -> None:
+        configure_worker_logging()  # warnings to the console, the detail to the run's workers.log
         # Restored when the last role leaves: roles set their rank's variables, and the rendezvous its address.
         self.environ = dict(os.environ)
 

@@ -7,11 +7,13 @@ import os
 
 import ray
 
+from roll.utils.console import worker_env
+
 logger = logging.getLogger(__name__)
 
 # Variables every Ray worker process inherits: one BLAS thread unless a worker raises its own cap,
 # and the platform the driver resolved.
-_INHERITED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE")
+_INHERITED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "DS_ACCELERATOR")
 
 
 def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform_name: str) -> None:
@@ -23,9 +25,15 @@ def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform
     """
     if ray.is_initialized():
         return
+    if platform_name == "cpu":
+        # DeepSpeed's accelerator named, not detected (here and in every worker): a detection that finds no GPU
+        # warns in each process that imports DeepSpeed.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     env_vars = {"ROLL_PLATFORM": platform_name, "RAY_USAGE_STATS_ENABLED": "0"}
     env_vars.update({k: os.environ[k] for k in _INHERITED_ENV if k in os.environ})
     env_vars.setdefault("OMP_NUM_THREADS", "1")
+    # Workers start with their libraries quiet and know where the run's log file is (roll/utils/console.py).
+    env_vars.update(worker_env())
     target = address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": env_vars}
     if target:

@@ -44,6 +44,7 @@ from roll.distributed.strategy.strategy import (
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import Gather, hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
+from roll.utils.console import prints_to_log, reapply_library_levels
 
 if TYPE_CHECKING:
     import deepspeed
@@ -75,6 +76,7 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         from roll.third_party.deepspeed.offload_states_patch import patch_engine
         from roll.third_party.deepspeed.state_fields import nvme_swapped_states
 
+        reapply_library_levels()  # DeepSpeed's logger, made at WARNING on import: INFO again in a verbose run
         if not torch.distributed.is_initialized():
             # Over the store rank 0 already holds (Worker.open_rendezvous); DeepSpeed then adopts the group.
             torch.distributed.init_process_group(
@@ -83,7 +85,8 @@ class DeepSpeedInferStrategy(InferenceStrategy):
                 rank=self.worker.rank,
                 world_size=self.worker.world_size,
             )
-        deepspeed.init_distributed(dist_backend=self.worker.platform.dist_backend, dist_init_required=True)
+        with prints_to_log(__name__):  # the shared-memory op it loads on CPU, printed: detail for the log file
+            deepspeed.init_distributed(dist_backend=self.worker.platform.dist_backend, dist_init_required=True)
         self.worker.platform.set_device(self.worker.local_rank)
         self.device = torch.device(self.worker.platform.device_name(self.worker.local_rank))
         seed_everything(self.worker_config.training_args.seed)

@@ -7,10 +7,14 @@ Written after every role has saved its own checkpoint under the same tag, and po
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+from roll.utils.console import MILESTONE
 from roll.utils.fileio import read_latest_tag, write_text_atomically
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "driver_state.json"
 LATEST = "latest"
@@ -22,6 +26,7 @@ def save_driver_state(root: Path, tag: str, state: dict[str, Any]) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(directory / STATE_FILE, json.dumps(state))
     write_text_atomically(root / LATEST, tag)
+    logger.info("checkpoint %s saved in %s", tag, directory, extra=MILESTONE)
     return str(directory)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -18,6 +19,9 @@ from roll.distributed.scheduler.placement import PlacementError
 from roll.pipeline.base.dry_run.node_estimate import check_node_memory
 from roll.pipeline.base.dry_run.plan import cluster_nodes, dry_run_report
 from roll.pipeline.base.pipeline_config import PipelineConfig
+from roll.utils.console import RunLogs, debug_loggers, run_logging
+
+logger = logging.getLogger(__name__)
 
 # After a failure, workers may be stuck in a collective with a dead peer: do not wait long for them to close.
 FAILED_RUN_CLOSE_TIMEOUT_S = 5.0
@@ -32,11 +36,20 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
     worker that dies mid-run ends it with exit code 1 and a message naming the role, rank and node;
     the other workers then get a few seconds to close before they are killed (some may wait in a
     collective with the dead one).
+
+    The console shows the plan, progress, milestones, warnings and errors; the rest goes to
+    `<run_dir>/logs/run.log` (and the workers' to `workers.log` beside it), which the plan names.
+    Hydra's `hydra.verbose` (`-v`) shows the detail on the console too (roll/utils/console.py).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hydra = HydraConfig.get()
     if hydra.mode == RunMode.MULTIRUN and not cfg.get("run_dir"):
         cfg.run_dir = hydra.runtime.output_dir  # this sweep job's own folder, so its siblings' outputs survive
+    debug = debug_loggers(hydra.verbose)
+    with run_logging(verbose=bool(debug), debug_loggers=debug) as logs:
+        return _run(cfg, schema, pipeline_cls, logs)
+
+
+def _run(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: type, logs: RunLogs) -> Any:
     try:
         config = load_pipeline_config(cfg, schema, yaml_names(_config_dirs()))
         if config.dry_run:
@@ -47,6 +60,8 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         finished = pipeline_cls.finished_result(config)
         if finished is not None:
             return finished
+        log_file = logs.to_file(Path(config.run_dir) / "logs" / "run.log", " ".join(sys.argv))
+        print("\n".join(run_plan(config, log_file, logs.verbose)), flush=True)
         pipeline = pipeline_cls(config)
     except PlacementError as exc:
         print(f"placement error: {exc}", file=sys.stderr, flush=True)
@@ -60,7 +75,7 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         ray.shutdown()  # ends the forwarding of worker logs, so the message below is the output's last word
         print(
             f"run failed: {exc}\nThe other workers were stopped. Resume with resume_from_checkpoint=latest "
-            "(the last complete checkpoint) once the cause is fixed.",
+            f"(the last complete checkpoint) once the cause is fixed. The detail is in {logs.path}.",
             file=sys.stderr,
             flush=True,
         )
@@ -70,6 +85,22 @@ def run_pipeline(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: ty
         raise
     pipeline.shutdown()
     return result
+
+
+def run_plan(config: PipelineConfig, log_file: Path, verbose: bool) -> list[str]:
+    """What a run prints before it starts: its roles and where they run, the size of a step (the whole batch
+    arithmetic goes to the log file, as `dry_run=true` prints it), where its outputs and its detail go."""
+    steps = getattr(config, "max_steps", None)
+    where = f"{config.num_nodes} node(s) x {config.devices_per_node} {config.platform} device(s)"
+    batches = config.batch_plan()
+    for line in batches:
+        logger.info("batches: %s", line)
+    detail = "" if verbose else " (-v shows it here)"
+    return [
+        f"{config.exp_name}: {', '.join(config.roles())} on {where}" + (f", {steps} steps" if steps else ""),
+        *(f"  {line}" for line in batches[:1]),
+        f"outputs in {config.run_dir}; the detail in {log_file}{detail}",
+    ]
 
 
 def _config_dirs() -> list[str]:
