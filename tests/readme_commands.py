@@ -124,6 +124,9 @@ def documented_commands(repo_root: Path) -> list[str]:
     return list(dict.fromkeys(command for page in pages for command in readme_commands(page.read_text())))
 
 
+VERBOSE = ("-v", "--verbose")
+
+
 def in_process_programs(command: str) -> list[Program] | None:
     """The entry points `command` starts, when the README test may run it in its own process: a dry run or
     `--help` of one console script, `python <script>.py` or `bash scripts/run.sh` (its warm start, then RLVR),
@@ -141,8 +144,9 @@ def in_process_programs(command: str) -> list[Program] | None:
     if program.startswith("roll-") or (program in PYTHONS and args[:1] and args[0].endswith(".py")):
         return [Program((program, *args), tuple(env))]
     if program == "bash" and args[:1] == ["scripts/run.sh"]:
-        # As scripts/run.sh splits them: `sft.` arguments, unprefixed, go to the warm start, the others to RLVR.
-        warm_start = [arg.removeprefix("sft.") for arg in args[1:] if arg.startswith("sft.")]
+        # As scripts/run.sh splits them: `sft.` arguments, unprefixed, go to the warm start, the others to RLVR
+        # (`-v` to both).
+        warm_start = [arg.removeprefix("sft.") for arg in args[1:] if arg.startswith("sft.") or arg in VERBOSE]
         rlvr = [arg for arg in args[1:] if not arg.startswith("sft.")]
         return [
             Program(("python", "examples/start_sft_pipeline.py", *warm_start), tuple(env)),
