@@ -147,9 +147,11 @@ _worker_handlers: list[logging.Handler] = []
 def configure_worker_logging(env: dict[str, str] | os._Environ[str] | None = None) -> None:
     """In a worker process: warnings and errors to stderr (which Ray forwards to the driver's console), roll's
     INFO records to the workers' log file, the libraries quiet (`set_library_levels`); everything to stderr when
-    verbose. Calling it again (a second role in the same process) changes nothing."""
+    verbose. Calling it again (a second role in the same process) changes nothing, and so does calling it in a
+    process the driver did not start as a worker (no `ROLL_VERBOSE`: a test building a worker in its own process).
+    """
     env = os.environ if env is None else env
-    if _worker_handlers:
+    if _worker_handlers or VERBOSE_ENV not in env:
         return
     verbose = env.get(VERBOSE_ENV) == "1"
     root = logging.getLogger()

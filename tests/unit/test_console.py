@@ -69,6 +69,12 @@ def test_a_worker_keeps_its_libraries_quiet_and_writes_the_detail_to_a_file(
     assert "reward_fn failed" in written and "store_based_barrier_key" not in written
 
 
+def test_a_process_not_started_as_a_worker_keeps_its_logging(logging_restored: None) -> None:
+    handlers = list(logging.getLogger().handlers)
+    console.configure_worker_logging({})  # a test building a worker in its own process
+    assert logging.getLogger().handlers == handlers and not console._worker_handlers
+
+
 def test_a_verbose_worker_shows_the_detail_and_the_libraries_info(stderr: Stderr, logging_restored: None) -> None:
     console.configure_worker_logging({VERBOSE_ENV: "1"})
     assert logging.getLogger("DeepSpeed").getEffectiveLevel() == logging.INFO

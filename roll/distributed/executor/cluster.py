@@ -18,6 +18,7 @@ from roll.distributed.executor.worker_host import HostedWorker, WorkerHost, acto
 from roll.distributed.scheduler.decorator import DISPATCH_ATTR, Dispatch, collect_results, dispatch_args
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.distributed.scheduler.resource_manager import ResourceManager, WorkerPlacement
+from roll.utils.console import worker_env
 from roll.utils.imports import import_object
 
 logger = logging.getLogger(__name__)
@@ -125,13 +126,15 @@ def resolve_worker_cls(worker_cls: type[Worker] | str) -> type[Worker]:
 def rank_envs(
     config: WorkerConfig, resource_manager: ResourceManager, placements: list[WorkerPlacement]
 ) -> list[dict[str, str]]:
-    """Each rank's environment: the role's `env_vars`, its placement's variables, rank, world size and threads."""
+    """Each rank's environment: the run's logging (its log file and verbosity: the jobs of a sweep share one Ray,
+    not one log file), the role's `env_vars`, its placement's variables, rank, world size and threads."""
     if config.devices:
         threads = resource_manager.threads_per_worker(config.num_devices_per_worker)
     else:
         threads = max(1, int(config.num_cpus_per_worker))
     return [
         {
+            **worker_env(),
             **config.env_vars,
             **placement.env,
             "RANK": str(rank),
