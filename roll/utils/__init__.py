@@ -1,5 +1,5 @@
 """True utilities: masked tensor ops, atomic file writes, grouping, imports by dotted path, packing, tracking,
-and the report comparing a sweep's jobs (`roll-sweep-report`).
+the console and the run's log files (console.py), and the report comparing a sweep's jobs (`roll-sweep-report`).
 
 Nothing here knows about roles, pipelines or algorithms. May import: nothing else of roll.
 """
