@@ -192,7 +192,8 @@ def test_a_failing_env_truncates_its_own_episode_within_the_timeout(tokenizer: A
     assert time.monotonic() - started < 5
     assert batch.batch["truncated"].tolist() == [True, True]
     assert metrics["rollout/env_errors"] == 2.0
-    assert batch.batch["response_mask"][:, :3].sum().item() == 6  # the action before the failure stays trainable
+    assert batch.batch["response_mask"][:, :3].sum().item() == 6  # the ids as played ...
+    assert batch.batch["reward_failed"].tolist() == [1.0, 1.0]  # ... but the pipeline leaves the rows out
 
 
 def _turn_batch(values: list[float] | None = None, turn_gamma: float = 1.0) -> DataProto:
@@ -270,3 +271,41 @@ def test_a_chat_template_that_cannot_render_a_tool_turn_is_a_config_error(tokeni
     strict.chat_template = None
     with pytest.raises(ConfigError, match=r"env\.apply_chat_template=true, but the chat template of strict-model"):
         games.check_chat_template(strict, "strict-model")
+
+
+def test_a_failed_episode_is_flagged_as_reward_failed(tokenizer: Any) -> None:
+    args = EnvArguments(name="test_two_turns", kwargs={"fail": "raise"}, max_trajectory_tokens=16, timeout_s=5)
+    batch, _ = MultiTurnRollout(args, tokenizer, 0).run(
+        ScriptedEngine(tokenizer).generate, [1], GeneratingArguments(max_new_tokens=4), 0
+    )
+    assert batch.batch["reward_failed"].tolist() == [1.0]  # not a real zero reward
+    healthy, _, _ = _play(tokenizer, [1])
+    assert healthy.batch["reward_failed"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus"])
+@pytest.mark.parametrize("reward_norm", ["none", "group", "batch"])
+def test_failed_rows_change_no_other_rows_advantage_and_get_no_loss(estimator: str, reward_norm: str) -> None:
+    def batch(scores: list[float]) -> DataProto:
+        rows = len(scores)
+        turn_rewards = torch.zeros(rows, 3)
+        turn_rewards[:, 2] = torch.tensor(scores)
+        return DataProto.from_dict(
+            tensors={
+                "response_mask": torch.ones(rows, 3, dtype=torch.long),
+                "scores": torch.tensor(scores),
+                "turn_rewards": turn_rewards,
+                "turn_discounts": torch.ones(rows, 3),
+            }
+        )
+
+    algorithm = AlgorithmArguments(adv_estimator=estimator, reward_norm=reward_norm)
+    # Group 0: two real episodes and one that failed (its 0 is no reward); group 1: three real episodes.
+    with_failure = batch([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    failed = torch.tensor([False, False, True, False, False, False])
+    out, _ = compute_advantages(with_failure, torch.tensor([0, 0, 0, 1, 1, 1]), algorithm, 0.0, excluded=failed)
+    alone, _ = compute_advantages(batch([1.0, 0.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1, 1]), algorithm, 0.0)
+    keep = torch.tensor([0, 1, 3, 4, 5])
+    torch.testing.assert_close(out.batch["advantages"][keep], alone.batch["advantages"])
+    assert out.batch["response_mask"][2].sum().item() == 0  # no loss on the failed episode
+    assert out.batch["advantages"][2].abs().sum().item() == 0

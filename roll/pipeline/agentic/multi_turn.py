@@ -11,7 +11,8 @@ reads from a single-turn rollout:
 - `response_mask`: the loss mask, 1 exactly on sampled tokens; `attention_mask`: 1 on every real token;
 - `scores` (sum or last of the turn rewards), `turn_rewards` (each turn's reward on its last sampled token),
   `turn_discounts` (`env.turn_gamma` on each turn's last sampled token, 1 elsewhere: the discount to the next turn),
-  `truncated`, `reward_failed` (zeros), and `engine_log_probs` (0 on environment tokens) when asked for.
+  `truncated`, `reward_failed` (1 for an episode an environment error ended: it is not trained), and
+  `engine_log_probs` (0 on environment tokens) when asked for.
 
 The environments run in the driver (`EnvManager`, threads with a timeout) or, with `env.num_env_workers`, in
 CPU Ray actors (`EnvWorkers`, the env role), which answer the same calls.
@@ -242,7 +243,9 @@ class MultiTurnRollout:
         tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask, **sequences}
         tensors["truncated"] = torch.tensor([e.truncated for e in episodes])
         tensors |= {"scores": scores, "turn_rewards": turn_rewards, "turn_discounts": turn_discounts}
-        tensors["reward_failed"] = torch.zeros(rows)
+        # An episode whose environment raised, hung or returned garbage has no real reward: the pipeline leaves it
+        # out of its group's statistics and of the loss (`compute_advantages(excluded=...)`).
+        tensors["reward_failed"] = torch.tensor([float(e.counts.get(ENV_ERROR, 0.0) > 0) for e in episodes])
         if self.with_engine_log_probs:
             tensors["engine_log_probs"] = log_probs
         non_tensors = {

@@ -302,8 +302,10 @@ class RLVRPipeline(BasePipeline):
             ref_log_probs = (
                 batch.pop(batch_keys=["ref_log_probs"]) if "ref_log_probs" in batch.batch and skipped_old_pass else None
             )
+            # An episode an environment error ended has no real reward: out of its group's statistics and the loss.
+            failed = batch.batch["reward_failed"].bool() if self.env_rollouts is not None else None
             batch, advantage_metrics = compute_advantages(
-                batch, group_index, self.config.algorithm, self.kl_controller.value
+                batch, group_index, self.config.algorithm, self.kl_controller.value, excluded=failed
             )
             if ref_log_probs is not None:
                 batch = batch.union(ref_log_probs)

@@ -35,7 +35,11 @@ def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> 
 
 
 def compute_advantages(
-    batch: DataProto, group_index: torch.Tensor, algorithm: AlgorithmArguments, kl_coef: float
+    batch: DataProto,
+    group_index: torch.Tensor,
+    algorithm: AlgorithmArguments,
+    kl_coef: float,
+    excluded: torch.Tensor | None = None,
 ) -> tuple[DataProto, dict[str, float]]:
     """Add `token_rewards`, `advantages` and `returns` to `batch`; return it with reward/KL metrics.
 
@@ -43,10 +47,20 @@ def compute_advantages(
     or reinforce_plus_plus: their `turn_rewards` instead, each turn's on its last sampled token, discounted
     by `algorithm.gamma` per token and their `turn_discounts` between turns), minus the KL
     penalty to the reference per token, plus the teacher's per-token signal when the batch holds `teacher_log_probs`.
+
+    `excluded` (bool `[B]`, e.g. episodes whose environment failed: their 0 is no reward) marks rows left out of
+    every statistic (group and batch normalisation, GRPO / RLOO groups, whitening) and of the loss: their
+    `response_mask` is zeroed in place, and they get no advantage.
     """
     data = batch.batch
+    norm_groups = torch.zeros_like(group_index) if algorithm.reward_norm == "batch" else group_index
+    if excluded is not None and bool(excluded.any()):
+        excluded = excluded.bool()
+        group_index, norm_groups = _isolated(group_index, excluded), _isolated(norm_groups, excluded)
+        data["response_mask"] = data["response_mask"] * (~excluded).unsqueeze(-1).to(data["response_mask"].dtype)
     mask = data["response_mask"]
-    scores = reward_shaping.normalize_scores(data["scores"].float(), group_index, algorithm.reward_norm)
+    norm_mode = "none" if algorithm.reward_norm == "none" else "group"
+    scores = reward_shaping.normalize_scores(data["scores"].float(), norm_groups, norm_mode)
     if algorithm.reward_clip is not None:
         scores = reward_shaping.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
     token_rewards = outcome_token_rewards(algorithm.score_weight * scores, mask)
@@ -90,6 +104,14 @@ def compute_advantages(
     metrics["critic/returns_mean"] = masked_mean(returns, mask).item()
     added = DataProto.from_dict(tensors={"token_rewards": token_rewards, "advantages": advantages, "returns": returns})
     return batch.union(added), metrics
+
+
+def _isolated(group_index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`group_index` with each of `rows` (bool `[B]`) in a new group of its own: no other row's statistics see it."""
+    isolated = group_index.clone()
+    start = int(group_index.max()) + 1 if len(group_index) else 0
+    isolated[rows] = torch.arange(start, start + int(rows.sum()), dtype=group_index.dtype)
+    return isolated
 
 
 def consumer_row_multiple(trainers: Iterable[WorkerConfig], forward_roles: Iterable[WorkerConfig]) -> int:
