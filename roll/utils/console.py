@@ -1,10 +1,10 @@
 """What a run prints, and what goes to its log file instead.
 
-The console shows the plan, the progress line (or bar), milestones (evaluation, checkpoint, export), warnings
-and errors. Every other record goes to the run's log file, `<run_dir>/logs/run.log` (appended to, one header
-per start), which the console names at the start. Worker processes follow the same rule in their own process:
-the libraries' loggers (DeepSpeed, transformers, accelerate, torch.distributed, Ray) stay at WARNING where they
-are made, transformers and huggingface_hub draw no progress bars, roll's own records go to
+The console shows the plan, the progress line (or bar, with the latest evaluation), milestones (checkpoints, the
+export), warnings and errors. Every other record goes to the run's log file, `<run_dir>/logs/run.log` (appended to,
+one header per start), which the console names at the start. Worker processes follow the same rule in their own
+process: the libraries' loggers (DeepSpeed, transformers, accelerate, torch.distributed, Ray) stay at WARNING where
+they are made, transformers and huggingface_hub draw no progress bars, roll's own records go to
 `<run_dir>/logs/workers.log`, and only warnings and errors reach the worker's stderr, which Ray forwards to the
 driver's console.
 
@@ -30,7 +30,8 @@ from pathlib import Path
 # `logger.info(..., extra=MILESTONE)`: a record the console shows although it is not a warning.
 MILESTONE = {"milestone": True}
 
-# The libraries whose records are detail: their INFO goes nowhere unless verbose (their warnings still show).
+# The libraries whose records are detail: in a worker their INFO is not even logged unless verbose (warnings
+# still show); in the driver it goes to the run's log file.
 LIBRARY_LOGGERS = (
     "DeepSpeed",  # deepspeed.utils.logger
     "deepspeed",
