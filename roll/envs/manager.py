@@ -6,13 +6,16 @@ something outside the protocol ends that slot's episode as truncated (info `env_
 `env_error_message`), is logged and counted in `error_counts`; the other slots of the batch go on.
 
 A failed environment is discarded and never used again: a hung one may still be running in its
-abandoned daemon thread (see `deadline`), and one that raised may be half-updated. The slot builds a
-fresh environment at its next reset, inside that reset's timeout.
+abandoned daemon thread (see `deadline`), and one that raised may be half-updated. It is closed (its
+`close()`, when it has one) in a daemon thread of its own that nothing waits for: a hung environment's
+`close()` runs while its call may still run, and is how it frees what it holds (a subprocess, a lock).
+The slot builds a fresh environment at its next reset, inside that reset's timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,9 +81,12 @@ class EnvManager:
     def reset(self, seeds: Sequence[int | None], slots: Sequence[int] | None = None) -> list[EnvResult]:
         """Reset `slots` (default: the first len(seeds)) with `seeds`; one result per slot, in order."""
         slots = self._slots(slots, len(seeds))
+        built: dict[int, Env] = {}  # environments built by this reset, to close when their reset fails
 
         def call(slot: int, seed: int | None) -> tuple[Env, EnvResult]:
-            env = self._envs[slot] or self._factory()
+            env = self._envs[slot]
+            if env is None:
+                env = built[slot] = self._factory()
             observation, info = checked_reset(env.reset(seed))
             return env, EnvResult(observation, info=info)
 
@@ -93,6 +99,7 @@ class EnvManager:
                 self._envs[slot], result = outcome.value
                 self._in_episode[slot] = True
             else:
+                _close_abandoned(self._envs[slot] or built.get(slot))
                 result = self._fail(slot, "reset", outcome)
             results.append(result)
         return results
@@ -113,7 +120,9 @@ class EnvManager:
         envs = [self._envs[slot] for slot in slots]
         outcomes = self._run("step", [lambda e=e, a=a: call(e, a) for e, a in zip(envs, actions, strict=True)])
         results = []
-        for slot, outcome in zip(slots, outcomes, strict=True):
+        for slot, env, outcome in zip(slots, envs, outcomes, strict=True):
+            if not outcome.ok:
+                _close_abandoned(env)
             result = outcome.value if outcome.ok else self._fail(slot, "step", outcome)
             self._in_episode[slot] = not result.done
             results.append(result)
@@ -144,6 +153,20 @@ class EnvManager:
         message = f"{call} {reason}"
         logger.warning("environment %d: %s; its episode is truncated and the environment discarded", slot, message)
         return failed_result(message)
+
+
+def _close_abandoned(env: Env | None) -> None:
+    """Close a failed environment in a daemon thread nothing waits for (its call may still be running)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        threading.Thread(target=_close_quietly, args=(close,), name="roll-env-close-failed", daemon=True).start()
+
+
+def _close_quietly(close: Callable[[], Any]) -> None:
+    try:
+        close()
+    except Exception as exc:  # a broken environment may fail to close too: logged, never raised
+        logger.warning("closing a failed environment raised %s", exception_line(exc))
 
 
 def failed_result(message: str) -> EnvResult:

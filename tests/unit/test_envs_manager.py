@@ -96,8 +96,18 @@ def test_a_failed_environment_is_discarded_and_its_slot_rebuilt() -> None:
     assert len(ScriptedEnv.instances) == 3  # slot 1 got a fresh environment
     assert manager.step(["z"], slots=[1])[0].observation == "echo z"
     manager.close()
-    assert (well.closed, ScriptedEnv.instances[2].closed) == (True, True)
-    assert hung.closed is False  # a discarded environment is never touched again
+    assert (well.closed, ScriptedEnv.instances[2].closed, hung.closed) == (True, True, True)
+
+
+def test_a_failed_environment_is_closed_when_discarded() -> None:
+    manager = EnvManager(ScriptedEnv, num_envs=4, max_concurrency=4, timeout_s=TIMEOUT_S)
+    ScriptedEnv.instances.clear()
+    manager.reset([1, 2, 4, 5])  # 4 raises and 5 hangs in the reset that built them
+    manager.step(["a", "b"], slots=[0, 1])  # 1 raises and 2 hangs in step
+    deadline = time.monotonic() + 2
+    while not all(env.closed for env in ScriptedEnv.instances) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(env.mode for env in ScriptedEnv.instances if env.closed) == [1, 2, 4, 5]
 
 
 def test_the_concurrency_cap_holds() -> None:
