@@ -36,8 +36,12 @@ class GemEnv:
     """A GEM environment, `gem.make(env_id, **kwargs)`, whose results are checked and made Python types."""
 
     # GEM's reset(seed) seeds the process-wide `random` and numpy generators and then draws from them:
-    # two resets in the manager's threads at once would interleave and lose the seed's determinism.
+    # two resets in the manager's threads at once would interleave and lose the seed's determinism. A reset
+    # abandoned at its timeout still holds the lock in its thread: closing its environment (as the manager does
+    # with a failed one) gives the class a fresh lock, and waiters on the old one move to it.
     _reset_lock = threading.Lock()
+    _reset_holder: GemEnv | None = None  # the environment whose reset holds `_reset_lock`
+    _state = threading.Lock()  # guards the two above
 
     def __init__(self, env_id: str, **kwargs: Any) -> None:
         check_gem_id(env_id)
@@ -48,15 +52,41 @@ class GemEnv:
 
     def reset(self, seed: int | None = None) -> ResetResult:
         """GEM's reset, under the lock that keeps its seeding deterministic."""
-        with self._reset_lock:
+        lock = self._acquire_reset_lock()
+        try:
             return checked_reset(self.env.reset(seed=seed))
+        finally:
+            with GemEnv._state:
+                if GemEnv._reset_holder is self:
+                    GemEnv._reset_holder = None
+            lock.release()
 
     def step(self, action: str) -> StepResult:
         """GEM's step."""
         return checked_step(self.env.step(action))
 
     def close(self) -> None:
-        """GEM's close, when the environment has one."""
+        """GEM's close, when the environment has one; a reset of this environment still running is abandoned:
+        the reset lock it holds is replaced, so other environments' resets go on."""
+        with GemEnv._state:
+            if GemEnv._reset_holder is self:
+                GemEnv._reset_lock, GemEnv._reset_holder = threading.Lock(), None
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
+
+    def _acquire_reset_lock(self) -> threading.Lock:
+        """The class's current reset lock, acquired; a lock replaced while waiting is left for the new one."""
+        while True:
+            lock = GemEnv._reset_lock
+            if not lock.acquire(timeout=_LOCK_POLL_S):
+                continue
+            with GemEnv._state:
+                if lock is GemEnv._reset_lock:
+                    GemEnv._reset_holder = self
+                    return lock
+            lock.release()
+
+
+# How often a reset waiting for the reset lock checks whether the lock was replaced.
+_LOCK_POLL_S = 0.05

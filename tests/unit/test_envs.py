@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -9,6 +12,8 @@ from roll.envs import Env, make_env, register_env, registered_envs
 from roll.envs.builtin.arithmetic import MultiplicationEnv
 from roll.envs.builtin.frozen_lake import FrozenLakeEnv
 from roll.envs.builtin.guess_number import GuessNumberEnv
+from roll.envs.gem_adapter import GemEnv
+from roll.envs.manager import EnvManager
 from roll.envs.protocol import InvalidEnvOutput, checked_reset, checked_step
 from roll.envs.registry import env_factory
 
@@ -230,6 +235,37 @@ def test_gem_guess_the_number_through_the_adapter() -> None:
 def test_gem_unknown_id_is_a_value_error_with_the_closest_ids() -> None:
     with pytest.raises(ValueError, match="'gem:game:GuessTheNumber-v0-eazy' is not a GEM environment id; did you mean"):
         env_factory("gem:game:GuessTheNumber-v0-eazy")
+
+
+class _GemStandIn:
+    """A stand-in for a `gem.Env` behind the adapter: its reset hangs until `release` is set, when asked to."""
+
+    def __init__(self, hang: bool, release: threading.Event) -> None:
+        self.hang, self.release = hang, release
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        if self.hang:
+            self.release.wait(30)
+        return f"start {seed}", {}
+
+
+def _gem_env(inner: _GemStandIn) -> GemEnv:
+    env = GemEnv.__new__(GemEnv)  # the adapter around a stand-in: no gem.make
+    env.env_id, env.env = "stand-in", inner
+    return env
+
+
+def test_a_gem_reset_abandoned_at_its_timeout_does_not_block_later_resets() -> None:
+    release = threading.Event()
+    built = iter([_GemStandIn(hang=True, release=release), _GemStandIn(hang=False, release=release)])
+    manager = EnvManager(lambda: _gem_env(next(built)), num_envs=1, timeout_s=0.5)
+    try:
+        assert manager.reset([1])[0].info["env_error"] == 1  # abandoned in GEM's reset, under the reset lock
+        started = time.monotonic()
+        assert manager.reset([2])[0].observation == "start 2"  # a fresh environment resets in time
+        assert time.monotonic() - started < 0.5
+    finally:
+        release.set()
 
 
 def test_bisection_sft_rows_cover_the_bisection_tree() -> None:
