@@ -309,3 +309,38 @@ def test_failed_rows_change_no_other_rows_advantage_and_get_no_loss(estimator: s
     torch.testing.assert_close(out.batch["advantages"][keep], alone.batch["advantages"])
     assert out.batch["response_mask"][2].sum().item() == 0  # no loss on the failed episode
     assert out.batch["advantages"][2].abs().sum().item() == 0
+
+
+def test_dynamic_sampling_refills_an_env_batch_with_episodes_of_new_seeds(tokenizer: Any) -> None:
+    from types import SimpleNamespace
+
+    from roll.pipeline.agentic.env_rollout import EpisodeSeeds
+    from roll.pipeline.base.residency import Residency
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+
+    env = EnvArguments(name="test_two_turns", max_trajectory_tokens=16)
+    generating_args = GeneratingArguments(max_new_tokens=4, num_return_sequences=2)
+    algorithm = AlgorithmArguments(dynamic_sampling=True, dynamic_sampling_max_rounds=3)
+    pipeline = RLVRPipeline.__new__(RLVRPipeline)
+    pipeline.config = SimpleNamespace(
+        seed=0,
+        max_steps=5,
+        async_generation_ratio=0,
+        algorithm=algorithm,
+        env=env,
+        actor_infer=SimpleNamespace(generating_args=generating_args),
+    )
+    pipeline.clusters = {"actor_infer": ScriptedEngine(tokenizer)}
+    pipeline.residency = Residency(pipeline.clusters, {})
+    pipeline.sampler = EpisodeSeeds(batch_size=2, limit=10**9)
+    pipeline.env_rollouts = EnvRollouts(env, tokenizer, 0, generating_args, False)
+    pipeline.trainer_roles, pipeline.pad_id, pipeline.log_prob_temperature = {}, 0, 1.0
+    pipeline.weights_stale, pipeline.answer_check, pipeline.tracker = False, None, SimpleNamespace(log_samples=print)
+    pipeline.config.num_log_samples = 0
+    metrics: dict[str, float] = {}
+    batch = pipeline.play_episodes(1, metrics, {})
+    RESETS.clear()
+    # Every episode of the stand-in scores 1.5: no group is informative, so each round plays two more seeds.
+    kept, _ = pipeline.filter_groups(batch, 1, metrics, {})
+    assert RESETS == [2, 2, 3, 3, 4, 4, 5, 5] and pipeline.sampler.position == 6
+    assert metrics["rollout/generation_rounds"] == 3.0 and len(kept) == 0

@@ -253,10 +253,7 @@ class RLVRPipeline(BasePipeline):
             return batch, group_index
         target, rounds = len(batch), 1
         while rounds < algorithm.dynamic_sampling_max_rounds and informative_rows(batch, group_index) < target:
-            with self.residency.timed(phases.GENERATE, timings):
-                prompts, generating_args = self._generation_request(step, rounds)
-                more = self._as_rollout(self.clusters["actor_infer"].generate(prompts, generating_args))
-            more = self._scored(more, metrics, timings)
+            more = self._refill(step, rounds, metrics, timings)
             width = max(batch.batch["prompts"].shape[1], more.batch["prompts"].shape[1])
             batch = DataProto.concat([widen_prompts(part, width, self.pad_id) for part in (batch, more)])
             more_index = group_index_from_repeat(len(more) // n, n, interleave=True) + int(group_index.max()) + 1
@@ -267,6 +264,19 @@ class RLVRPipeline(BasePipeline):
         metrics.update(kept)
         metrics["rollout/generation_rounds"] = float(rounds)
         return batch, group_index
+
+    def _refill(self, step: int, round_: int, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
+        """Dynamic sampling's next round, scored: the sampler's next prompts, or (with `env`) episodes of its next
+        seeds, generated with the weights of this step and sampling seeds of their own."""
+        if self.env_rollouts is None:
+            with self.residency.timed(phases.GENERATE, timings):
+                prompts, generating_args = self._generation_request(step, round_)
+                more = self._as_rollout(self.clusters["actor_infer"].generate(prompts, generating_args))
+            return self._scored(more, metrics, timings)
+        with self.residency.timed(phases.GENERATE, timings):
+            more = self._as_rollout(self._episodes(self.sampler.next_batch(), step, round_))
+        more.meta_info.pop(EPISODE_METRICS)  # the step's rollout metrics are those of its first round
+        return self._scored_episodes(more, metrics)
 
     def log_prob_passes(self, batch: DataProto, timings: dict[str, float]) -> DataProto:
         """`batch` with the reference's, the teacher's and actor_train's (old) log-probs of the passes that run;
@@ -375,13 +385,13 @@ class RLVRPipeline(BasePipeline):
 
     # ---- evaluation, checkpoints, the loop -------------------------------------------------
 
-    def _episodes(self, seeds: list[int], step: int) -> DataProto:
-        """Episodes of `seeds` (each played by a group) through actor_infer; their metrics in `meta_info`."""
+    def _episodes(self, seeds: list[int], step: int, round_: int = 0) -> DataProto:
+        """Episodes of `seeds` (each played by a group) through actor_infer, sampled with seeds of `step` and the
+        dynamic-sampling round; their metrics in `meta_info`."""
         assert self.env_rollouts is not None
         n = self.config.actor_infer.generating_args.num_return_sequences
-        batch, episode_metrics = self.env_rollouts.train_batch(
-            self.clusters["actor_infer"], seeds, n, self.config.seed + step
-        )
+        base_seed = self.config.seed + step + round_ * (self.config.max_steps + 1)
+        batch, episode_metrics = self.env_rollouts.train_batch(self.clusters["actor_infer"], seeds, n, base_seed)
         batch.meta_info[EPISODE_METRICS] = episode_metrics
         return batch
 
@@ -390,11 +400,16 @@ class RLVRPipeline(BasePipeline):
         generation is overlapped), scored by the environment; logs the rollout's metrics and a few episodes."""
         assert self.config.env is not None
         batch = self._rollout(step, metrics, timings)
-        budget = self.config.env.max_trajectory_tokens
-        batch.meta_info[MAX_RESPONSE_LENGTH] = budget
         metrics.update(batch.meta_info.pop(EPISODE_METRICS))
         metrics.update(self._rollout_metrics(batch))
         self._log_samples(batch, step)
+        return self._scored_episodes(batch, metrics)
+
+    def _scored_episodes(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """Episodes with the trajectory budget as their response length, and the overlong penalty if configured."""
+        assert self.config.env is not None
+        budget = self.config.env.max_trajectory_tokens
+        batch.meta_info[MAX_RESPONSE_LENGTH] = budget
         if self.config.algorithm.overlong_buffer_len is not None:
             metrics["rollout/overlong_penalty_mean"] = add_overlong_penalty(batch, budget, self.config.algorithm)
         return batch
