@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 import psutil
 
+from roll.utils.console import MILESTONE
 from roll.utils.external_trackers import open_trackers
 
 T = TypeVar("T")
@@ -28,6 +30,8 @@ PLOTTED = {
     "distillation_kl": "student/kl",
     "step_accuracy": "val/step_accuracy",
 }
+
+logger = logging.getLogger(__name__)
 
 
 class MetricsTracker:
@@ -197,11 +201,16 @@ def show_progress(
     return LogLines(iterable, desc, stream, interval_s)
 
 
-def timed_evaluation(evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+def timed_evaluation(evaluate: Callable[[], dict[str, float]], step: int) -> dict[str, float]:
     """`evaluate()`'s metrics plus `time/eval_s` (its seconds) and `time/elapsed_s` (wall seconds since this process
-    started, the user's command, evaluations included): what time-to-accuracy comparisons read."""
+    started, the user's command, evaluations included): what time-to-accuracy comparisons read. The held-out
+    results are a milestone of the console at `step`."""
     started = time.perf_counter()
     metrics = dict(evaluate())
     metrics["time/eval_s"] = time.perf_counter() - started
     metrics["time/elapsed_s"] = time.time() - psutil.Process().create_time()
+    held_out = ", ".join(
+        f"{name.removeprefix('val/')} {value:.3g}" for name, value in metrics.items() if name.startswith("val/")
+    )
+    logger.info("evaluation at step %d: %s", step, held_out or "no held-out metrics", extra=MILESTONE)
     return metrics

@@ -13,6 +13,7 @@ from transformers.utils import logging as transformers_logging
 
 from roll.utils import console
 from roll.utils.console import MILESTONE, VERBOSE_ENV, WORKER_LOG_ENV
+from roll.utils.tracking import timed_evaluation
 
 
 class Stderr:
@@ -200,3 +201,12 @@ def test_ray_workers_start_quiet_with_deepspeed_told_its_accelerator(monkeypatch
     assert env["DS_ACCELERATOR"] == "cpu" and os.environ["DS_ACCELERATOR"] == "cpu"  # the driver imports it too
     assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and env["TRANSFORMERS_VERBOSITY"] == "warning"
     assert env[WORKER_LOG_ENV] == "/out/rlvr/logs/workers.log" and env[VERBOSE_ENV] == "0"
+
+
+def test_an_evaluation_is_a_console_milestone_naming_its_step_and_results(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="roll.utils.tracking"):
+        metrics = timed_evaluation(lambda: {"val/accuracy": 0.4375, "val/response_length": 3.0}, 20)
+    assert metrics["val/accuracy"] == 0.4375 and metrics["time/eval_s"] >= 0
+    [record] = caplog.records
+    assert record.getMessage() == "evaluation at step 20: accuracy 0.438, response_length 3"
+    assert getattr(record, "milestone", False)

@@ -106,14 +106,14 @@ class TrainingRunPipeline(BasePipeline):
             start_step, history = state["step"], state["val_history"]
         tracker = MetricsTracker.for_run(config, start_step)
         if not start_step:
-            history.append(timed_evaluation(self.evaluate))
+            history.append(timed_evaluation(self.evaluate, 0))
             tracker.log(history[-1], 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc=self.progress_label)
         for step in progress:
             started = time.perf_counter()
             metrics = self.step()
             if step % config.eval_steps == 0 or step == config.max_steps:
-                history.append(timed_evaluation(self.evaluate))
+                history.append(timed_evaluation(self.evaluate, step))
                 metrics.update(history[-1])
             metrics["time/step_s"] = time.perf_counter() - started
             tracker.log(metrics, step)

@@ -482,7 +482,7 @@ class RLVRPipeline(BasePipeline):
             start_step, accuracies = state["step"], state["val_accuracy_history"]
         self.tracker = tracker = MetricsTracker.for_run(config, start_step)
         if not start_step:
-            evaluation = timed_evaluation(self.evaluate)
+            evaluation = timed_evaluation(self.evaluate, 0)
             accuracies.append(evaluation["val/accuracy"])
             tracker.log(evaluation, 0)
         progress = show_progress(range(start_step + 1, config.max_steps + 1), desc="rlvr")
@@ -490,7 +490,7 @@ class RLVRPipeline(BasePipeline):
             started = time.perf_counter()
             metrics = self.step(step)
             if step % config.eval_steps == 0 or step == config.max_steps:
-                evaluation = timed_evaluation(self.evaluate)
+                evaluation = timed_evaluation(self.evaluate, step)
                 accuracies.append(evaluation["val/accuracy"])
                 metrics.update(evaluation)
             metrics["time/step_s"] = time.perf_counter() - started
