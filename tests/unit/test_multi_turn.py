@@ -344,3 +344,29 @@ def test_dynamic_sampling_refills_an_env_batch_with_episodes_of_new_seeds(tokeni
     kept, _ = pipeline.filter_groups(batch, 1, metrics, {})
     assert RESETS == [2, 2, 3, 3, 4, 4, 5, 5] and pipeline.sampler.position == 6
     assert metrics["rollout/generation_rounds"] == 3.0 and len(kept) == 0
+
+
+GEMMA_STYLE_TEMPLATE = (
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def test_a_turn_ended_by_any_stop_id_of_the_generation_config_is_closed_once() -> None:
+    """Gemma: EOS is `<eos>`, but a turn ends on `<end_of_turn>`, the generation config's other EOS id; the template's
+    closing `<end_of_turn>` the policy sampled is not appended a second time."""
+    from roll.models.tiny import DEFAULT_ALPHABET, build_char_tokenizer
+
+    gemma = build_char_tokenizer(DEFAULT_ALPHABET)
+    gemma.add_special_tokens({"eos_token": "<eos>", "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    gemma.chat_template = GEMMA_STYLE_TEMPLATE
+    end_of_turn = gemma.convert_tokens_to_ids("<end_of_turn>")
+    engine = ScriptedEngine(gemma)
+    engine.sampled = [*_ids(gemma, "xy"), end_of_turn]
+    args = EnvArguments(name="test_two_turns", max_trajectory_tokens=64, apply_chat_template=True)
+    rollout = MultiTurnRollout(args, gemma, pad_id=0, stop_ids=[gemma.eos_token_id, end_of_turn])
+    batch, metrics = rollout.run(engine.generate, [1], GeneratingArguments(max_new_tokens=4), 0)
+    row = batch.batch["responses"][0][batch.batch["attention_mask"][0, -64:].bool()].tolist()
+    turns = ["xy<end_of_turn>\n", "<start_of_turn>user\nok<end_of_turn>\n", "<start_of_turn>model\nxy<end_of_turn>"]
+    assert gemma.decode(row) == "".join(turns)
+    assert metrics["rollout/template_drift"] == 0.0

@@ -62,11 +62,19 @@ class EngineConfig:
 
 def generation_pad_token_id(model_path: str) -> int:
     """The pad id `model.generate` pads with (the generation config's pad id, else its first EOS), as hf_infer uses."""
+    return generation_special_ids(_generation_config(model_path))[0]
+
+
+def generation_stop_ids(model_path: str) -> list[int]:
+    """The EOS ids generation stops on: the generation config's list (Gemma's `<eos>` and `<end_of_turn>`)."""
+    return generation_special_ids(_generation_config(model_path))[1]
+
+
+def _generation_config(model_path: str) -> GenerationConfig:
     try:
-        config = GenerationConfig.from_pretrained(model_path)
+        return GenerationConfig.from_pretrained(model_path)
     except OSError:
-        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
-    return generation_special_ids(config)[0]
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
 
 
 def prompt_token_ids(batch: DataProto) -> list[list[int]]:

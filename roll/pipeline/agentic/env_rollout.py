@@ -7,6 +7,7 @@ checkpointed like one), `EnvRollouts.train_batch` the generated and scored batch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,11 +63,13 @@ class EnvRollouts:
         pad_id: int,
         generating_args: GeneratingArguments,
         with_engine_log_probs: bool,
+        stop_ids: Sequence[int] = (),
     ) -> None:
         self.env = env
         self.generating_args = generating_args
-        self.rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs)
-        self.greedy_rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs=False)
+        # stop_ids: the ids generation stops on (the policy's generation config's EOS list), ending a turn.
+        self.rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
+        self.greedy_rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs=False, stop_ids=stop_ids)
 
     def train_batch(
         self, cluster: Cluster, seeds: list[int], group_size: int, base_seed: int

@@ -82,10 +82,19 @@ class Episode:
 class MultiTurnRollout:
     """Plays episodes of `env` with a `generate` function; `run` returns the batch and its metrics."""
 
-    def __init__(self, env: EnvArguments, tokenizer: Any, pad_id: int, with_engine_log_probs: bool = False) -> None:
+    def __init__(
+        self,
+        env: EnvArguments,
+        tokenizer: Any,
+        pad_id: int,
+        with_engine_log_probs: bool = False,
+        stop_ids: Sequence[int] = (),
+    ) -> None:
         self.env = env
         self.tokenizer = tokenizer
         self.pad_id = pad_id
+        # The ids generation stops on (the generation config's EOS list, e.g. Gemma's <end_of_turn>) and the EOS.
+        self.stop_ids = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
         self.with_engine_log_probs = with_engine_log_probs
         # The environment's tools, listed in the prompt by the chat template (without one, the observations say it).
         self.tools = env.tool_schemas() if env.apply_chat_template else []
@@ -197,9 +206,10 @@ class MultiTurnRollout:
         if last_turn:
             episode.end(truncated=True)
             return
-        ended_with_eos = bool(episode.response_ids) and episode.response_ids[-1] == self.tokenizer.eos_token_id
+        last = episode.response_ids[-1] if episode.response_ids else None
+        action_end = self.tokenizer.decode([last]) if last in self.stop_ids else ""  # "": cut at max_new_tokens
         role = "tool" if result.info.get(OBSERVATION_ROLE) == "tool" else "user"
-        ids = self.encoder.next(result.observation, role, ended_with_eos)
+        ids = self.encoder.next(result.observation, role, action_end)
         budget = self.env.max_trajectory_tokens - len(episode.response_ids) - turn_args.max_new_tokens
         if len(ids) > self.env.max_observation_tokens or len(ids) > budget:
             episode.end(truncated=True)  # the observation is cut to nothing: no action would follow it

@@ -3,7 +3,7 @@
 Without a chat template an observation is its text plus a newline. With one, the first observation is the
 template's user turn with the generation prompt, and each later one the template's *next-turn delta*: what
 rendering one more message adds after an assistant turn, minus the end-of-turn token the policy sampled
-itself (its EOS).
+itself (the stop token its action ended on).
 
 An environment with tools (`tool_schemas()`, as `roll.envs.tools.ToolEnv` has) gets their function schemas
 rendered through the template's `tools` argument, as a Qwen2.5 or Hermes model reads them (a system section
@@ -53,8 +53,12 @@ class ObservationEncoder:
             return self._ids(observation + "\n")
         return self._ids(self.render([{"role": "user", "content": observation}], add_generation_prompt=True))
 
-    def next(self, observation: str, role: str = "user", action_ended_with_eos: bool = True) -> list[int]:
-        """The ids appended after an action: the observation as the next turn of `role` ("user" or "tool")."""
+    def next(self, observation: str, role: str = "user", action_end: str | None = None) -> list[int]:
+        """The ids appended after an action: the observation as the next turn of `role` ("user" or "tool").
+
+        `action_end` is the text of the stop token the action ended on, which the policy sampled itself: the
+        tokenizer's EOS (`None`, the default), another EOS id of the generation config (Gemma's `<end_of_turn>`),
+        or `""` for an action cut at `max_new_tokens`. The template's closing does not repeat it."""
         if not self.chat_template:
             return self._ids(observation + "\n")
         base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
@@ -64,9 +68,9 @@ class ObservationEncoder:
             raise ValueError("the chat template renders earlier turns differently once a turn follows them")
         # What the template writes after the assistant's text; the policy sampled its EOS part itself.
         closing = before[before.rindex(_ASSISTANT) + len(_ASSISTANT) :]
-        eos = self.tokenizer.eos_token or ""
-        if action_ended_with_eos and eos and closing.startswith(eos):
-            closing = closing[len(eos) :]
+        end = (self.tokenizer.eos_token or "") if action_end is None else action_end
+        if end and closing.startswith(end):
+            closing = closing[len(end) :]
         return self._ids(closing + after[len(before) :])
 
     def _ids(self, text: str) -> list[int]:

@@ -16,6 +16,7 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_prompts, load_splits, make_sampler, pad_token_id
 from roll.distributed.executor.weight_syncer import WeightSyncer
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.engine_strategy import generation_stop_ids
 from roll.distributed.strategy.response_scores import LOG_PROB_TEMPERATURE
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import resolve_model_path
@@ -66,6 +67,7 @@ class RLVRPipeline(BasePipeline):
                 self.pad_id,
                 config.actor_infer.generating_args,
                 algorithm.tis_cap is not None,
+                generation_stop_ids(resolve_model_path(config.actor_infer.model_args.model_name_or_path)),
             )
         else:
             self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
