@@ -153,3 +153,30 @@ def test_held_out_answers_that_are_not_mathematics_score_by_exact_match() -> Non
         tensors={"responses": responses, "response_mask": mask}, non_tensors={"answer": np.array(answers, dtype=object)}
     )
     assert answer_scorer(tokenizer)(batch).tolist() == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_sampling_seeds_continue_across_data_parallel_workers() -> None:
+    """Two dp ranks given identical prompts must not sample identical tokens: each rank's rows are seeded from
+    where the previous rank's rows end (vLLM seeds prompt i with seed + i * n), and rank 0 keeps the seed."""
+    seen: dict[int, GeneratingArguments] = {}
+
+    def worker(dp_rank: int) -> SimpleNamespace:
+        def generate(batch: DataProto, args: GeneratingArguments) -> Generation:
+            seen[dp_rank] = args
+            rows = len(batch) * args.num_return_sequences
+            return Generation(torch.zeros(rows, 4, dtype=torch.long), torch.ones(rows, dtype=torch.long), None)
+
+        fake = SimpleNamespace(rank_info=SimpleNamespace(dp_rank=dp_rank), strategy=SimpleNamespace(generate=generate))
+        fake.to_rollout = lambda batch, generation, args: batch
+        return fake
+
+    shard = DataProto.from_dict(
+        tensors={"input_ids": torch.ones(3, 2, dtype=torch.long), "attention_mask": torch.ones(3, 2, dtype=torch.long)}
+    )
+    args = GeneratingArguments(num_return_sequences=2, seed=7)
+    for dp_rank in (0, 1):
+        ActorWorker.generate.__wrapped__(worker(dp_rank), shard, args)  # type: ignore[attr-defined]
+    assert (seen[0].seed, seen[1].seed) == (7, 7 + 3 * 2)
+    unseeded = GeneratingArguments(seed=None)
+    ActorWorker.generate.__wrapped__(worker(1), shard, unseeded)  # type: ignore[attr-defined]
+    assert seen[1].seed is None

@@ -8,6 +8,7 @@ What every strategy-holding worker does (offload, checkpoints, weight sync) is
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -65,7 +66,13 @@ class ActorWorker(StrategyWorker):
         The rollout holds `truncated` `[B]` (cut at max_new_tokens). With `meta_info[WITH_ENGINE_LOG_PROBS]` it
         also holds `engine_log_probs` `[B, R]`, the engine's own log-prob of each sampled token (strategies with
         `generate_with_log_probs`: hf_infer, vllm, sglang).
+
+        A seed is the batch's: this data-parallel rank's rows are seeded from where the previous ranks' rows end
+        (vLLM seeds prompt i with seed + i * n), so identical prompts on two ranks do not sample identical tokens.
         """
+        if generating_args.seed is not None:
+            offset = self.rank_info.dp_rank * len(batch) * generating_args.num_return_sequences
+            generating_args = replace(generating_args, seed=generating_args.seed + offset)
         if not batch.meta_info.get(WITH_ENGINE_LOG_PROBS):
             return self.to_rollout(batch, self.strategy.generate(batch, generating_args), generating_args)
         generation = self.strategy.generate_with_log_probs(batch, generating_args)
