@@ -370,3 +370,49 @@ def test_a_turn_ended_by_any_stop_id_of_the_generation_config_is_closed_once() -
     turns = ["xy<end_of_turn>\n", "<start_of_turn>user\nok<end_of_turn>\n", "<start_of_turn>model\nxy<end_of_turn>"]
     assert gemma.decode(row) == "".join(turns)
     assert metrics["rollout/template_drift"] == 0.0
+
+
+def test_an_env_workers_start_up_does_not_count_inside_the_first_resets_timeout(monkeypatch: Any) -> None:
+    """Env workers with stand-in Ray actors that take 0.6 s to start, longer than a reset's 0.3 s timeout plus
+    the actor grace: the first reset still answers, its timeout counted from when the actor is up."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from ray.exceptions import GetTimeoutError
+
+    from roll.pipeline.agentic import env_workers
+
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+
+    class StandInActor:
+        def __init__(self, env: EnvArguments, num_envs: int) -> None:
+            self.up_at = time.monotonic() + 0.6
+            self.actor = env_workers.EnvActor(env, num_envs)
+
+        def __getattr__(self, method: str) -> Any:
+            def call(*args: Any) -> concurrent.futures.Future:
+                def run() -> Any:
+                    time.sleep(max(0.0, self.up_at - time.monotonic()))  # the actor's process starting
+                    return getattr(self.actor, method)(*args)
+
+                return pool.submit(run)
+
+            return SimpleNamespace(remote=call)
+
+    def get(refs: Any, timeout: float) -> Any:
+        try:
+            return [r.result(timeout) for r in refs] if isinstance(refs, list) else refs.result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            raise GetTimeoutError("timed out") from exc
+
+    monkeypatch.setattr(env_workers, "_REMOTE_ENV_ACTOR", SimpleNamespace(remote=StandInActor))
+    monkeypatch.setattr(env_workers, "ray", SimpleNamespace(get=get, kill=lambda actor: None))
+    monkeypatch.setattr(env_workers, "ACTOR_GRACE_S", 0.1)
+    args = EnvArguments(name="test_two_turns", num_env_workers=2, timeout_s=0.3)
+    workers = env_workers.EnvWorkers(args, num_envs=2)
+    try:
+        results = workers.reset([1, 2])
+        assert [r.observation for r in results] == ["go", "go"]
+        assert [r.observation for r in workers.step(["a", "b"])] == ["ok", "ok"]
+    finally:
+        pool.shutdown(wait=False)

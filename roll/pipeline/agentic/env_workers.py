@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 # Seconds an actor's answer may take beyond its environments' own timeouts (Ray's call and transfer overhead).
 ACTOR_GRACE_S = 30.0
+# Seconds a new actor may take to start (a Ray worker process importing roll and the environment's module); it is
+# waited for before its first reset, whose timeout then counts from when the actor is up.
+ACTOR_START_TIMEOUT_S = 300.0
 
 
 class EnvActor:
@@ -34,6 +37,10 @@ class EnvActor:
 
     def __init__(self, env: EnvArguments, num_envs: int) -> None:
         self.manager = EnvManager(env.make_env, num_envs, env.max_concurrency, env.timeout_s)
+
+    def ready(self) -> bool:
+        """Whether the actor is up: answered once its process has started and built its manager."""
+        return True
 
     def reset(self, seeds: list[int | None], slots: list[int]) -> list[EnvResult]:
         """The manager's reset of `slots`."""
@@ -98,10 +105,10 @@ class EnvWorkers:
         shares: dict[int, list[int]] = {}
         for position, slot in enumerate(slots):
             shares.setdefault(self._actor_of(slot), []).append(position)
+        if method == "reset":
+            self._start_actors([index for index in shares if self._actors[index] is None])
         calls = {}
         for index, positions in shares.items():
-            if self._actors[index] is None and method == "reset":
-                self._actors[index] = _REMOTE_ENV_ACTOR.remote(self.env, self._sizes[index])
             actor = self._actors[index]
             local = [slots[p] - self._starts[index] for p in positions]
             if actor is not None:
@@ -113,10 +120,25 @@ class EnvWorkers:
                 results[position] = answer
         return [result for result in results if result is not None]
 
+    def _start_actors(self, indices: list[int]) -> None:
+        """Start the actors `indices` and wait until they are up (`ACTOR_START_TIMEOUT_S`), so their start-up does
+        not count inside the first reset's timeout. One that does not come up is killed and left out: the reset
+        ends its slots' episodes as failed."""
+        started = {index: _REMOTE_ENV_ACTOR.remote(self.env, self._sizes[index]) for index in indices}
+        ready = {index: actor.ready.remote() for index, actor in started.items()}
+        for index, actor in started.items():
+            try:
+                ray.get(ready[index], timeout=ACTOR_START_TIMEOUT_S)
+            except (RayActorError, GetTimeoutError) as exc:
+                logger.warning("env worker %d did not start (%s): %s", index, type(exc).__name__, exc)
+                ray.kill(actor)
+                continue
+            self._actors[index] = actor
+
     def _answers(self, index: int, call: Any, method: str, count: int) -> list[EnvResult]:
         """Actor `index`'s answers to `call`, or `count` failed results when it died, hung or was already gone."""
         if call is None:
-            return [failed_result(f"{method}: env worker {index} was lost earlier in this episode")] * count
+            return [failed_result(f"{method}: env worker {index} is not running (lost, or it did not start)")] * count
         waves = math.ceil(count / self.env.max_concurrency)
         try:
             return ray.get(call, timeout=waves * self.env.timeout_s + ACTOR_GRACE_S)
