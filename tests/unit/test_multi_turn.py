@@ -252,6 +252,29 @@ def test_env_config_errors_name_the_field() -> None:
         EnvArguments(max_trajectory_tokens=3).validate(max_new_tokens=4)
 
 
+class RaisingEnv:
+    """An environment whose constructor raises, as one missing its data would."""
+
+    def __init__(self, path: str = "data.jsonl") -> None:
+        raise FileNotFoundError(f"no such file: {path}")
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return "", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        return "", 0.0, True, False, {}
+
+
+def test_the_config_check_builds_one_environment_and_closes_it() -> None:
+    with pytest.raises(ConfigError, match=r"env\.name=tests\.unit\.test_multi_turn\.RaisingEnv .*FileNotFoundError"):
+        EnvArguments(name="tests.unit.test_multi_turn.RaisingEnv").validate(max_new_tokens=4)
+    with pytest.raises(ConfigError, match=r"does not take the kwargs \['size'\].*env\.kwargs="):
+        EnvArguments(name="tests.unit.test_multi_turn.TwoTurns", kwargs={"size": 3}).validate(max_new_tokens=4)
+    BUILT.clear()
+    EnvArguments(name="tests.unit.test_multi_turn.TwoTurns").validate(max_new_tokens=4)
+    assert len(BUILT) == 1 and BUILT[0].closed
+
+
 def test_a_chat_template_that_cannot_render_a_tool_turn_is_a_config_error(tokenizer: Any) -> None:
     import copy
 

@@ -15,6 +15,7 @@ from roll.envs.protocol import Env
 from roll.envs.registry import env_factory, make_env
 from roll.envs.tools import ToolEnv
 from roll.pipeline.agentic.observations import ObservationEncoder
+from roll.utils.imports import exception_line
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +80,34 @@ class EnvArguments:
         return [f"env {self.name}: tools listed in the prompt by the chat template: {names}"]
 
     def validate(self, max_new_tokens: int) -> None:
-        """The environment resolves and the trajectory budget holds one turn; ConfigError naming the field."""
+        """The environment resolves and builds with `kwargs` (one is built, then closed), and the trajectory budget
+        holds one turn; ConfigError naming the field."""
         try:
             env_factory(self.name, "env.name")
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        self._check_builds()
         if self.max_trajectory_tokens < max_new_tokens:
             raise ConfigError(
                 f"env.max_trajectory_tokens={self.max_trajectory_tokens} cannot hold one turn of "
                 f"actor_infer.generating_args.max_new_tokens={max_new_tokens}; raise it to at least {max_new_tokens}"
             )
+
+    def _check_builds(self) -> None:
+        """Build one environment and close it: a constructor that raises, or rejects `kwargs`, would otherwise fail
+        every episode in the env workers, and the run would train on nothing."""
+        try:
+            env = self.make_env()
+        except ValueError as exc:  # make_env's own: kwargs the constructor does not take, or not an environment
+            raise ConfigError(f"{exc} (env.kwargs={self.kwargs})") from exc
+        except Exception as exc:
+            raise ConfigError(
+                f"env.name={self.name} with env.kwargs={self.kwargs} cannot be built: {exception_line(exc)}"
+            ) from exc
+        try:
+            _close(env)
+        except Exception as exc:
+            logger.warning("env.name=%s: closing the environment built to check it raised %s", self.name, exc)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The function schemas of the environment's tools (its `tool_schemas()`, as a ToolEnv has; [] without):
