@@ -439,3 +439,20 @@ def test_an_env_workers_start_up_does_not_count_inside_the_first_resets_timeout(
         assert [r.observation for r in workers.step(["a", "b"])] == ["ok", "ok"]
     finally:
         pool.shutdown(wait=False)
+
+
+def test_a_run_whose_episodes_all_fail_for_several_batches_stops_naming_the_error(tokenizer: Any) -> None:
+    from roll.pipeline.agentic.env_rollout import ALL_FAILED_BATCHES_LIMIT
+
+    args = EnvArguments(name="test_two_turns", kwargs={"fail": "raise"}, max_trajectory_tokens=16, timeout_s=5)
+    rollouts = EnvRollouts(args, tokenizer, 0, GeneratingArguments(max_new_tokens=4), False)
+    engine = ScriptedEngine(tokenizer)
+    for step in range(ALL_FAILED_BATCHES_LIMIT - 1):
+        batch, _ = rollouts.train_batch(engine, [step], group_size=2, base_seed=step)  # type: ignore[arg-type]
+        assert batch.non_tensor_batch["env_error"][0].startswith("step raised RuntimeError: broken")
+    with pytest.raises(RuntimeError, match=r"env\.name=test_two_turns.*step raised RuntimeError: broken"):
+        rollouts.train_batch(engine, [9], group_size=2, base_seed=9)  # type: ignore[arg-type]
+    plain = EnvArguments(name="test_two_turns", max_trajectory_tokens=16)
+    healthy = EnvRollouts(plain, tokenizer, 0, GeneratingArguments(max_new_tokens=4), False)
+    for step in range(ALL_FAILED_BATCHES_LIMIT + 1):
+        healthy.train_batch(engine, [step], group_size=2, base_seed=step)  # type: ignore[arg-type]

@@ -17,6 +17,9 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 
+# Training batches in a row whose every episode an environment error ended: then the run stops, naming the error.
+ALL_FAILED_BATCHES_LIMIT = 3
+
 
 class EpisodeSeeds:
     """Training seeds 0, 1, 2, ... `batch_size` at a time; its position is part of a checkpoint."""
@@ -70,13 +73,30 @@ class EnvRollouts:
         # stop_ids: the ids generation stops on (the policy's generation config's EOS list), ending a turn.
         self.rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.greedy_rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs=False, stop_ids=stop_ids)
+        self.all_failed_batches = 0  # training batches in a row whose every episode failed
 
     def train_batch(
         self, cluster: Cluster, seeds: list[int], group_size: int, base_seed: int
     ) -> tuple[DataProto, dict[str, float]]:
-        """One episode per seed and group member (members adjacent, sharing their seed), and the metrics."""
+        """One episode per seed and group member (members adjacent, sharing their seed), and the metrics.
+
+        RuntimeError naming the environment's error when every episode of `ALL_FAILED_BATCHES_LIMIT` batches in a
+        row failed: the run would train on nothing."""
         repeated = [seed for seed in seeds for _ in range(group_size)]
-        return self.rollout.run(cluster_generate(cluster), repeated, self.generating_args, base_seed)
+        batch, metrics = self.rollout.run(cluster_generate(cluster), repeated, self.generating_args, base_seed)
+        self._check_not_all_failed(batch)
+        return batch, metrics
+
+    def _check_not_all_failed(self, batch: DataProto) -> None:
+        failed = batch.batch["reward_failed"]
+        self.all_failed_batches = self.all_failed_batches + 1 if bool(failed.all()) else 0
+        if self.all_failed_batches >= ALL_FAILED_BATCHES_LIMIT:
+            error = next((e for e in batch.non_tensor_batch["env_error"] if e), "?")
+            raise RuntimeError(
+                f"every episode of the last {self.all_failed_batches} training batches failed in the environment "
+                f"env.name={self.env.name} (env.kwargs={self.env.kwargs}), so the run would train on nothing; "
+                f"the first episode's error: {error}"
+            )
 
     def held_out(self, cluster: Cluster) -> dict[str, float]:
         """Success over the `eval_episodes` held-out seeds: greedy (`val/accuracy`), and sampled as in training,

@@ -30,7 +30,15 @@ import torch
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.envs.manager import EnvManager, EnvResult
-from roll.envs.protocol import ENV_ERROR, INVALID_ACTION, OBSERVATION_ROLE, SUCCESS, TOOL_CALLS, TOOL_SUCCESSES
+from roll.envs.protocol import (
+    ENV_ERROR,
+    ENV_ERROR_MESSAGE,
+    INVALID_ACTION,
+    OBSERVATION_ROLE,
+    SUCCESS,
+    TOOL_CALLS,
+    TOOL_SUCCESSES,
+)
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.env_workers import EnvWorkers
 from roll.pipeline.agentic.observations import ObservationEncoder
@@ -63,6 +71,7 @@ class Episode:
     truncated: bool = False
     success: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # the environment's error that ended the episode (its `env_error_message`)
 
     def count(self, info: dict[str, Any]) -> None:
         """Add a turn's numeric info to the episode's counts."""
@@ -72,6 +81,8 @@ class Episode:
                 self.counts[key] = self.counts.get(key, 0.0) + float(value)
         if isinstance(info.get(SUCCESS), (bool, int, float)):
             self.success = float(info[SUCCESS])
+        if info.get(ENV_ERROR) and not self.error:
+            self.error = str(info.get(ENV_ERROR_MESSAGE, "environment error"))
 
     def end(self, truncated: bool = False) -> None:
         """Stop playing this episode."""
@@ -263,6 +274,7 @@ class MultiTurnRollout:
             "response_text": [" | ".join(e.transcript) for e in episodes],
             "answer": [f"seed {e.seed}, success {e.success:g}" for e in episodes],
             "env_seed": np.array([e.seed for e in episodes], dtype=np.int64),
+            "env_error": [e.error for e in episodes],
         }
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
