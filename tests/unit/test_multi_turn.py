@@ -456,3 +456,34 @@ def test_a_run_whose_episodes_all_fail_for_several_batches_stops_naming_the_erro
     healthy = EnvRollouts(plain, tokenizer, 0, GeneratingArguments(max_new_tokens=4), False)
     for step in range(ALL_FAILED_BATCHES_LIMIT + 1):
         healthy.train_batch(engine, [step], group_size=2, base_seed=step)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "gae"])
+def test_token_level_estimators_read_reward_norm_and_the_overlong_penalty(tokenizer: Any, estimator: str) -> None:
+    from types import SimpleNamespace
+
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+
+    def returns(batch: DataProto, **algorithm: Any) -> list[float]:
+        args = AlgorithmArguments(adv_estimator=estimator, gamma=1.0, lam=1.0, whiten_advantages=False, **algorithm)
+        values = {"values": torch.zeros(batch.batch["response_mask"].shape)} if estimator == "gae" else {}
+        batch = batch.union(DataProto.from_dict(tensors=values)) if values else batch
+        out, _ = compute_advantages(batch, torch.zeros(len(batch), dtype=torch.long), args, 0.0)
+        return out.batch["returns"][:, 0].tolist()  # the first sampled token's return: the episode's whole reward
+
+    # Two episodes of one group: both turns (1.5), and the first turn only (0.5).
+    both, _, _ = _play(tokenizer, [1])
+    one, _, _ = _play(tokenizer, [1], max_turns=1)
+    group = DataProto.concat([both, one])
+    assert returns(group) == pytest.approx([1.5, 0.5])
+    assert returns(group, reward_norm="group") == pytest.approx([0.5**0.5, -(0.5**0.5)], rel=1e-4)  # ±0.5 / 0.7071
+
+    # The overlong penalty counts the whole trajectory (9 tokens: 6 sampled, 3 of the observation) against
+    # env.max_trajectory_tokens=11 with a buffer of 4: -(9 - 7) / 4 on the episode, and on its last sampled token.
+    pipeline = RLVRPipeline.__new__(RLVRPipeline)
+    algorithm = AlgorithmArguments(adv_estimator=estimator, overlong_buffer_len=4, overlong_penalty_factor=1.0)
+    pipeline.config = SimpleNamespace(env=EnvArguments(max_trajectory_tokens=11), algorithm=algorithm)
+    metrics: dict[str, float] = {}
+    penalised = pipeline._scored_episodes(both, metrics)
+    assert metrics["rollout/overlong_penalty_mean"] == pytest.approx(-0.5)
+    assert returns(penalised) == pytest.approx([1.0])

@@ -408,12 +408,16 @@ class RLVRPipeline(BasePipeline):
         return self._scored_episodes(batch, metrics)
 
     def _scored_episodes(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
-        """Episodes with the trajectory budget as their response length, and the overlong penalty if configured."""
+        """Episodes with the trajectory budget as their response length, and the overlong penalty if configured: the
+        whole trajectory (actions and observations) counted against that budget."""
         assert self.config.env is not None
         budget = self.config.env.max_trajectory_tokens
         batch.meta_info[MAX_RESPONSE_LENGTH] = budget
         if self.config.algorithm.overlong_buffer_len is not None:
-            metrics["rollout/overlong_penalty_mean"] = add_overlong_penalty(batch, budget, self.config.algorithm)
+            width = batch.batch["responses"].shape[1]
+            lengths = batch.batch["attention_mask"][:, -width:].sum(-1)
+            penalty = add_overlong_penalty(batch, budget, self.config.algorithm, lengths)
+            metrics["rollout/overlong_penalty_mean"] = penalty
         return batch
 
     def evaluate(self) -> dict[str, float]:

@@ -67,8 +67,13 @@ def compute_advantages(
     gamma: float | torch.Tensor = algorithm.gamma
     if "turn_rewards" in data and algorithm.adv_estimator in TOKEN_LEVEL_ESTIMATORS:
         # Multi-turn: each turn's reward on its last sampled token, for estimators that credit tokens one by one,
-        # and env.turn_gamma from a turn's last sampled token to the next turn's first.
-        token_rewards = algorithm.score_weight * data["turn_rewards"].float()
+        # and env.turn_gamma from a turn's last sampled token to the next turn's first. What the score's processing
+        # changed (reward_norm, the overlong penalty: the score as trained minus the score as the turns gave it)
+        # goes on the last sampled token, so these estimators read them too.
+        as_given = data["verifier_scores"].float() if "verifier_scores" in data else data["scores"].float()
+        processed = reward_shaping.normalize_scores(data["scores"].float(), norm_groups, norm_mode)
+        token_rewards = data["turn_rewards"].float() + outcome_token_rewards(processed - as_given, mask)
+        token_rewards = algorithm.score_weight * token_rewards
         gamma = algorithm.gamma * data["turn_discounts"].float()
         if algorithm.reward_clip is not None:
             token_rewards = token_rewards.clamp(-algorithm.reward_clip, algorithm.reward_clip)
@@ -179,12 +184,17 @@ def widen_prompts(batch: DataProto, width: int, pad_id: int) -> DataProto:
     return DataProto.from_dict(tensors=tensors, non_tensors=batch.non_tensor_batch, meta_info=batch.meta_info)
 
 
-def add_overlong_penalty(batch: DataProto, max_new_tokens: int, algorithm: AlgorithmArguments) -> float:
+def add_overlong_penalty(
+    batch: DataProto, max_new_tokens: int, algorithm: AlgorithmArguments, lengths: torch.Tensor | None = None
+) -> float:
     """Add DAPO's soft overlong penalty (`reward_shaping.overlong_penalty`) to `batch`'s scores in place; return
-    its mean over the rows. `verifier_scores` keeps the scores without it (dynamic sampling judges on those)."""
+    its mean over the rows. `verifier_scores` keeps the scores without it (dynamic sampling judges on those).
+
+    `lengths` are the rows' lengths counted against `max_new_tokens` (default: their sampled tokens; a multi-turn
+    episode's are its whole trajectory, observations included, as its budget is)."""
     batch.batch["verifier_scores"] = batch.batch["scores"].float().clone()
     penalty = reward_shaping.overlong_penalty(
-        batch.batch["response_mask"].sum(-1),
+        batch.batch["response_mask"].sum(-1) if lengths is None else lengths,
         max_new_tokens,
         algorithm.overlong_buffer_len,
         algorithm.overlong_penalty_factor,
