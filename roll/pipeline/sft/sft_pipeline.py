@@ -13,7 +13,7 @@ from roll.models.tiny import resolve_model_path
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
 from roll.pipeline.sft.sft_config import SFTConfig
-from roll.utils.tracking import MetricsTracker, show_progress
+from roll.utils.tracking import MetricsTracker, show_progress, timed_evaluation
 
 EXPORT_MARKER = "roll_sft.json"
 
@@ -57,6 +57,10 @@ class SFTPipeline(BasePipeline):
             print(f"SFT model already exported in {config.model_export_dir} (val accuracy {accuracy:.2f})")
         return accuracy
 
+    def held_out_metrics(self) -> dict[str, float]:
+        """`evaluate()` as a metric."""
+        return {"val/accuracy": self.evaluate()}
+
     def run(self) -> float:
         """Train, evaluate every `eval_steps`, export; return the final held-out accuracy."""
         config = self.config
@@ -64,15 +68,17 @@ class SFTPipeline(BasePipeline):
         actor.initialize()
         tracker = MetricsTracker.for_run(config)
         progress = show_progress(range(1, config.max_steps + 1), desc="sft")
-        accuracy = self.evaluate()
-        tracker.log({"val/accuracy": accuracy}, 0)
+        evaluation = timed_evaluation(self.held_out_metrics, 0)
+        accuracy = evaluation["val/accuracy"]
+        tracker.log(evaluation, 0)
         for step in progress:
             started = time.perf_counter()
             batch = encode_demonstrations(self.sampler.next_batch(), self.pad_id)
             metrics = actor.sft_step(batch)[0]
             metrics["time/step_s"] = time.perf_counter() - started
             if step % config.eval_steps == 0 or step == config.max_steps:
-                accuracy = metrics["val/accuracy"] = self.evaluate()
+                metrics.update(timed_evaluation(self.held_out_metrics, step))
+                accuracy = metrics["val/accuracy"]
             tracker.log(metrics, step)
             progress.set_postfix(loss=f"{metrics['loss']:.3f}", val_acc=f"{accuracy:.2f}")
         tracker.close()
