@@ -487,3 +487,17 @@ def test_token_level_estimators_read_reward_norm_and_the_overlong_penalty(tokeni
     penalised = pipeline._scored_episodes(both, metrics)
     assert metrics["rollout/overlong_penalty_mean"] == pytest.approx(-0.5)
     assert returns(penalised) == pytest.approx([1.0])
+
+
+def test_dynamic_sampling_judges_a_group_without_its_failed_episodes() -> None:
+    from roll.pipeline.rlvr.rollout import informative_rows, keep_informative_groups
+
+    # Group 0: 1, 1 and a failed episode (its 0 is no score): no spread. Group 1: 1, 0 and a failed one.
+    batch = DataProto.from_dict(tensors={"scores": torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])})
+    group_index = torch.tensor([0, 0, 0, 1, 1, 1])
+    failed = torch.tensor([False, False, True, False, False, True])
+    assert informative_rows(batch, group_index, excluded=failed) == 3
+    _, kept_index, _ = keep_informative_groups(batch, group_index, 1, excluded=failed)
+    assert kept_index.tolist() == [1, 1, 1]
+    all_failed = torch.tensor([True, True, True, False, False, False])
+    assert informative_rows(batch, group_index, excluded=all_failed) == 3  # group 1: 1, 0, 0

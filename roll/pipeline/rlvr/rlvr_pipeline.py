@@ -254,7 +254,10 @@ class RLVRPipeline(BasePipeline):
         if not algorithm.dynamic_sampling:
             return batch, group_index
         target, rounds = len(batch), 1
-        while rounds < algorithm.dynamic_sampling_max_rounds and informative_rows(batch, group_index) < target:
+        while (
+            rounds < algorithm.dynamic_sampling_max_rounds
+            and informative_rows(batch, group_index, self._failed_episodes(batch)) < target
+        ):
             more = self._refill(step, rounds, metrics, timings)
             width = max(batch.batch["prompts"].shape[1], more.batch["prompts"].shape[1])
             batch = DataProto.concat([widen_prompts(part, width, self.pad_id) for part in (batch, more)])
@@ -262,7 +265,9 @@ class RLVRPipeline(BasePipeline):
             group_index = torch.cat([group_index, more_index])
             rounds += 1
         row_multiple = step_plan.dynamic_sampling_row_multiple(self.trainer_roles)
-        batch, group_index, kept = keep_informative_groups(batch, group_index, row_multiple, max_rows=target)
+        batch, group_index, kept = keep_informative_groups(
+            batch, group_index, row_multiple, max_rows=target, excluded=self._failed_episodes(batch)
+        )
         metrics.update(kept)
         metrics["rollout/generation_rounds"] = float(rounds)
         return batch, group_index
@@ -279,6 +284,11 @@ class RLVRPipeline(BasePipeline):
             more = self._as_rollout(self._episodes(self.sampler.next_batch(), step, round_))
         more.meta_info.pop(EPISODE_METRICS)  # the step's rollout metrics are those of its first round
         return self._scored_episodes(more, metrics)
+
+    def _failed_episodes(self, batch: DataProto) -> torch.Tensor | None:
+        """With `env`, the episodes an environment error ended (bool `[B]`): they have no real reward, so they are
+        left out of dynamic sampling's verdict, their group's statistics and the loss. None without `env`."""
+        return batch.batch["reward_failed"].bool() if self.env_rollouts is not None else None
 
     def log_prob_passes(self, batch: DataProto, timings: dict[str, float]) -> DataProto:
         """`batch` with the reference's, the teacher's and actor_train's (old) log-probs of the passes that run;
@@ -314,10 +324,8 @@ class RLVRPipeline(BasePipeline):
             ref_log_probs = (
                 batch.pop(batch_keys=["ref_log_probs"]) if "ref_log_probs" in batch.batch and skipped_old_pass else None
             )
-            # An episode an environment error ended has no real reward: out of its group's statistics and the loss.
-            failed = batch.batch["reward_failed"].bool() if self.env_rollouts is not None else None
             batch, advantage_metrics = compute_advantages(
-                batch, group_index, self.config.algorithm, self.kl_controller.value, excluded=failed
+                batch, group_index, self.config.algorithm, self.kl_controller.value, self._failed_episodes(batch)
             )
             if ref_log_probs is not None:
                 batch = batch.union(ref_log_probs)

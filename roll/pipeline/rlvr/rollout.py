@@ -137,16 +137,21 @@ def optimizer_step_rows(role: WorkerConfig) -> int:
 
 
 def keep_informative_groups(
-    batch: DataProto, group_index: torch.Tensor, row_multiple: int, max_rows: int | None = None
+    batch: DataProto,
+    group_index: torch.Tensor,
+    row_multiple: int,
+    max_rows: int | None = None,
+    excluded: torch.Tensor | None = None,
 ) -> tuple[DataProto, torch.Tensor, dict[str, float]]:
     """Dynamic sampling: drop the groups whose samples all scored the same (they carry no GRPO signal).
 
     Groups are judged on `verifier_scores` (the reward before the overlong penalty; for a 0/1 verifier this is
     DAPO's 0 < correct < n), else on `scores`. The kept rows are cut to at most `max_rows` and to a multiple of
     both `row_multiple` (see `consumer_row_multiple`) and the group size, dropping whole informative groups
-    from the end, so every role accepts the batch and no group is split. May return no rows.
+    from the end, so every role accepts the batch and no group is split. May return no rows. The `excluded` rows
+    (bool `[B]`: failed episodes, see `compute_advantages`) are not judged: a group is judged on its other rows.
     """
-    keep = _informative(batch, group_index)
+    keep = _informative(batch, group_index, excluded)
     kept_groups = torch.unique_consecutive(group_index[keep])
     group_size = int((group_index == group_index[0]).sum())
     unit_groups = math.lcm(row_multiple, group_size) // group_size
@@ -160,15 +165,24 @@ def keep_informative_groups(
     return batch[indices], group_index[indices], metrics
 
 
-def informative_rows(batch: DataProto, group_index: torch.Tensor) -> int:
-    """How many rows of `batch` belong to groups whose samples did not all score the same."""
-    return int(_informative(batch, group_index).sum())
+def informative_rows(batch: DataProto, group_index: torch.Tensor, excluded: torch.Tensor | None = None) -> int:
+    """How many rows of `batch` belong to groups whose samples (not `excluded`) did not all score the same."""
+    return int(_informative(batch, group_index, excluded).sum())
 
 
-def _informative(batch: DataProto, group_index: torch.Tensor) -> torch.Tensor:
-    """Bool `[B]`: the rows whose group's `verifier_scores` (else `scores`) are not all equal."""
+def _informative(batch: DataProto, group_index: torch.Tensor, excluded: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool `[B]`: the rows whose group's `verifier_scores` (else `scores`) are not all equal, `excluded` rows left
+    out (each takes its group's highest score of the others, so it adds no spread)."""
     data = batch.batch
-    return reward_shaping.dynamic_sampling_keep(data.get("verifier_scores", data["scores"]), group_index)
+    scores = data.get("verifier_scores", data["scores"]).float()
+    if excluded is not None and bool(excluded.any()):
+        excluded = excluded.bool()
+        _, inverse = torch.unique(group_index, return_inverse=True)
+        highs = torch.full((int(inverse.max()) + 1,), -math.inf).scatter_reduce(
+            0, inverse, scores.masked_fill(excluded, -math.inf), "amax"
+        )
+        scores = torch.where(excluded, highs[inverse], scores)
+    return reward_shaping.dynamic_sampling_keep(scores, group_index)
 
 
 def widen_prompts(batch: DataProto, width: int, pad_id: int) -> DataProto:
