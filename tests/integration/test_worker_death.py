@@ -81,10 +81,14 @@ def test_a_killed_worker_ends_the_run_and_the_run_resumes_from_the_last_complete
     logged = logged_metrics(output / "rlvr")
     assert [row["step"] for row in logged][:2] == [0, 1]
 
-    resumed = start_run(output, pids, "max_steps=3", "resume_from_checkpoint=latest")
+    # The resume puts actor_infer on a device of its own: the weights then reach it over the broadcast group, which
+    # the resumed run forms anew (the inference layout is not part of the checkpoint).
+    on_its_own = ("devices_per_node=3", "actor_infer.device_mapping=2")
+    resumed = start_run(output, pids, "max_steps=3", "resume_from_checkpoint=latest", *on_its_own)
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, errors_of(stderr)
     rows = logged_metrics(output / "rlvr")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     assert rows[:2] == logged[:2]  # the rows up to the checkpoint as they were; the steps after it logged anew
     assert rows[3]["actor/grad_norm"] > 0  # past the killed run's last step, training goes on
+    assert rows[3]["sync/broadcast_bytes"] > 0 and rows[3]["sync/colocated_bytes"] == 0
