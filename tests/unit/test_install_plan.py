@@ -97,6 +97,7 @@ def test_without_local_wheels_torch_comes_from_its_builds_own_index(
     assert len(requirement_steps) == 1
     device_file, other_file = ("requirements_cpu.txt", "requirements_gpu.txt")[:: 1 if device == "cpu" else -1]
     assert device_file in requirement_steps[0] and other_file not in " ".join(plan)
+    assert plan[-1] == "--no-build-isolation --no-deps -e ."  # roll last, editable, adding no requirement of its own
 
 
 def test_a_local_wheel_directory_is_used_without_any_other_index(clean_pip: dict[str, str], tmp_path: Path) -> None:
