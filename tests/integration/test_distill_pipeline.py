@@ -1,6 +1,5 @@
 """Offline distillation end to end on the real stack: Ray, an hf_infer teacher, a smaller DeepSpeed student on the
-same device, checkpoints and the HF export. Resuming is the step-by-step training loop's, which test_dpo_pipeline.py
-restarts a run to check; here the checkpoint's driver state is read."""
+same device, checkpoints, the HF export and a resume of the ZeRO-3 offloaded student."""
 
 from __future__ import annotations
 
@@ -48,8 +47,9 @@ def run(config: DistillConfig) -> tuple[dict, list[dict]]:
     return run_pipeline(DistillPipeline, config)
 
 
-def test_two_steps_log_metrics_checkpoint_and_export(ray_session: None, tmp_path: Path) -> None:
-    summary, rows = run(make_config(tmp_path, "loss.kind=mixed", "loss.forward_weight=0.7", "loss.nll_weight=0.1"))
+def test_two_steps_log_metrics_checkpoint_export_and_resume(ray_session: None, tmp_path: Path) -> None:
+    mixed = ("loss.kind=mixed", "loss.forward_weight=0.7", "loss.nll_weight=0.1")
+    summary, rows = run(make_config(tmp_path, *mixed))
     assert [row["step"] for row in rows] == [0, 1, 2]
     for key in ("loss", "kl", "nll", "teacher_top1_agreement", "grad_norm"):
         assert f"student/{key}" in rows[1], key
@@ -81,6 +81,13 @@ def test_two_steps_log_metrics_checkpoint_and_export(ray_session: None, tmp_path
     assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 1  # the student, not the teacher
     ids = AutoTokenizer.from_pretrained(export)("1+2=", return_tensors="pt").input_ids
     assert torch.isfinite(model(ids).logits).all()
+
+    # Resuming from step 1 replays step 2 from the same weights, optimizer state (the ZeRO-3 student's, offloaded to
+    # the CPU) and data position.
+    _, resumed = run(make_config(tmp_path, *mixed, "resume_from_checkpoint=step_1"))
+    assert [row["step"] for row in resumed] == [0, 1, 2]
+    for key in ("student/loss", "student/kl", "val/accuracy"):
+        assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-4), key
 
 
 def test_a_vllm_teacher_scores_a_step(ray_session: None, tmp_path: Path) -> None:
