@@ -97,7 +97,10 @@ if [[ "$ROLL_DEVICE" == cpu ]]; then
   # then transformers cannot import its models): roll uses none of them.
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-"$venv/bin/python" - <<'PY'
+# DeepSpeed told its accelerator on CPU: its "Setting accelerator to CPU" warning asks nothing of the user.
+accelerator=()
+[[ "$ROLL_DEVICE" == cpu ]] && accelerator=(DS_ACCELERATOR=cpu)
+env ${accelerator[@]+"${accelerator[@]}"} "$venv/bin/python" - <<'PY'
 import torch, deepspeed, ray, transformers, hydra  # noqa: F401  (fail here, not in the first job)
 from deepspeed.ops.op_builder import AsyncIOBuilder
 from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
