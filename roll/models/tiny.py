@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     LlamaConfig,
@@ -26,8 +27,8 @@ DEFAULT_ALPHABET = string.digits + string.ascii_lowercase + string.ascii_upperca
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPEC_MARKER = "roll_tiny_spec.json"
 # Bump when the build changes, so that directories made by an older build are rebuilt (2: the chat template
-# renders `tools`).
-_BUILD_VERSION = 2
+# renders `tools`; 3: weights written by any rank, see save_on_any_rank).
+_BUILD_VERSION = 3
 
 # The template of the tiny tokenizers, which renders `tools` (roll.models.chat_templates).
 CHAT_TEMPLATE = TINY_CHAT_TEMPLATE
@@ -114,10 +115,30 @@ def make_tiny_model(
     # Removed before writing so that an interrupted rebuild is never mistaken for the previous build.
     (path / SPEC_MARKER).unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    save_on_any_rank(model, path)
     tokenizer.save_pretrained(path)
     write_marker(path, SPEC_MARKER, identity)
     return path
+
+
+def save_on_any_rank(model: PreTrainedModel, directory: Path) -> None:
+    """Write what `model.save_pretrained(directory)` writes for a tiny model (its config, generation config and
+    safetensors, a tied weight under its first name only), from whichever process builds it.
+
+    transformers writes a model's files only on rank 0 of an initialised process group, and a cache entry may be
+    built by any rank of a role: built by rank 1, an entry had every file but the model's weights.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(directory)
+    if model.can_generate():
+        model.generation_config.save_pretrained(directory)
+    tensors: dict[str, torch.Tensor] = {}
+    stored: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in stored:  # a tied weight is stored once, as save_pretrained does
+            stored.add(tensor.data_ptr())
+            tensors[name] = tensor.contiguous()
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
 
 def tiny_model_identity(spec: TinyModelSpec, seed: int, alphabet: str = DEFAULT_ALPHABET) -> dict[str, Any]:

@@ -98,3 +98,36 @@ def test_no_run_writes_into_the_cache(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError, match=r"output_dir=.*inside roll's model cache"):
         check_writable("output_dir", str(tmp_path / "cache" / "tiny" / "entry"))
     check_writable("output_dir", str(tmp_path / "runs"))
+
+
+TINY_UNET = "tiny-diffusion://unet?image_size=8"
+
+
+def test_a_rank_other_than_0_builds_whole_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers build cache entries after their process group formed, and any rank may win the build lock; transformers
+    # writes a model's files only on rank 0, so rank 1's entries had every file but the weights.
+    import torch
+    from transformers import AutoModelForCausalLM, CLIPTextModel
+
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny://qwen2", str(tmp_path / "rank0")))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    llm = Path(resolve_model_path("tiny://qwen2", str(tmp_path / "rank1")))
+    diffusion = Path(resolve_diffusion_path(TINY_UNET, str(tmp_path / "rank1")))
+    monkeypatch.undo()
+    model = AutoModelForCausalLM.from_pretrained(llm)
+    assert model.config.tie_word_embeddings == reference.config.tie_word_embeddings
+    for (name, weight), (_, expected) in zip(model.state_dict().items(), reference.state_dict().items(), strict=True):
+        assert torch.equal(weight, expected), name
+    assert (model.generation_config.eos_token_id, model.generation_config.pad_token_id) == (
+        reference.generation_config.eos_token_id,
+        reference.generation_config.pad_token_id,
+    )
+    expected_encoder = CLIPTextModel.from_pretrained(
+        Path(resolve_diffusion_path(TINY_UNET, str(tmp_path / "rank0"))) / "text_encoder"
+    )
+    encoder = CLIPTextModel.from_pretrained(diffusion / "text_encoder")
+    for (name, weight), (_, expected) in zip(
+        encoder.state_dict().items(), expected_encoder.state_dict().items(), strict=True
+    ):
+        assert torch.equal(weight, expected), name

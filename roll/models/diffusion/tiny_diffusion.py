@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
 
 from roll.models.build_cache import build_in_cache, read_marker, write_marker
+from roll.models.tiny import save_on_any_rank
 
 TINY_DIFFUSION_SCHEME = "tiny-diffusion://"
 SPEC_MARKER = "roll_tiny_diffusion_spec.json"
@@ -63,7 +64,8 @@ TINY_WORDS = [
     "background",
     "image",
 ]
-_BUILD_VERSION = 2
+# 3: the text encoder's weights written by any rank (an entry built by rank 1 of a role had none).
+_BUILD_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ def make_tiny_diffusion(output_dir: str | Path, spec: TinyDiffusionSpec | None =
     (path / SPEC_MARKER).unlink(missing_ok=True)  # an interrupted rebuild is never mistaken for the previous build
     path.mkdir(parents=True, exist_ok=True)
     unet.save_pretrained(path / "unet")
-    text_encoder.save_pretrained(path / "text_encoder")
+    save_on_any_rank(text_encoder, path / "text_encoder")
     tokenizer.save_pretrained(path / "tokenizer")
     scheduler.save_pretrained(path / "scheduler")
     write_marker(path, SPEC_MARKER, identity)
