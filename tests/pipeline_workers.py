@@ -32,3 +32,12 @@ class FailureTestActorWorker(ActorWorker):
 
         with mock.patch("os.replace", slow_rename):
             return super().save_checkpoint(save_dir, tag)
+
+
+class UnbuildableActorWorker(ActorWorker):
+    """roll's ActorWorker whose model cannot be built: its initialize fails as a missing weight file would."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def initialize(self) -> None:
+        """Fail."""
+        raise OSError("no file named model.safetensors (a test worker that cannot build its model)")

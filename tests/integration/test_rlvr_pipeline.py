@@ -6,6 +6,7 @@ vLLM on a device of its own, with generation overlapped, is test_async_generatio
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,21 @@ def test_gae_with_a_critic_trains_both_roles(ray_session: None, tmp_path: Path) 
     for key in ("critic/loss", "critic/grad_norm", "critic/clipfrac", "actor/loss", "time/values_s"):
         assert key in rows[-1], key
     assert rows[-1]["critic/grad_norm"] > 0 and rows[-1]["actor/grad_norm"] > 0
+
+
+def test_a_pipeline_whose_role_cannot_start_releases_what_it_reserved(ray_session: None, tmp_path: Path) -> None:
+    import ray
+
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+    from tests.conftest import held_resources
+
+    config = arithmetic_config(
+        tmp_path, *ONE_RANK, "actor_train.worker_cls=tests.pipeline_workers.UnbuildableActorWorker"
+    )
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"no file named model\.safetensors"):
+        RLVRPipeline(config)
+    # No pipeline was returned to shut down: the constructor released the devices and the processes itself.
+    deadline = time.monotonic() + 30
+    while held_resources() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not held_resources()

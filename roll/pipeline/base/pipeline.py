@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -65,12 +66,24 @@ class BasePipeline(ABC):
         their models concurrently, then track their states in `residency`."""
         configured = self.config.roles()
         roles = {name: configured[name] for name in role_names}
-        hosts = self.host_shared_roles(roles) if self.config.share_worker_processes else {}
-        for name in roles:
-            self.start_cluster(name, hosts.get(name))
-        for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
-            future.get()
+        with self.released_on_failure():
+            hosts = self.host_shared_roles(roles) if self.config.share_worker_processes else {}
+            for name in roles:
+                self.start_cluster(name, hosts.get(name))
+            for future in [cluster.initialize(blocking=False) for cluster in self.clusters.values()]:
+                future.get()
         self.residency = Residency.of_roles(self.clusters, self.config.roles())
+
+    @contextmanager
+    def released_on_failure(self) -> Iterator[None]:
+        """Within it, a failure (a worker that cannot build its model, ...) shuts down what this pipeline started
+        before it propagates: a constructor that fails returns no pipeline whose `shutdown` a caller could call, and
+        on a Ray that outlives the driver (a notebook's, a test session's) its reservation would stay held."""
+        try:
+            yield
+        except BaseException:
+            self.shutdown()
+            raise
 
     def host_shared_roles(self, roles: dict[str, WorkerConfig]) -> dict[str, list[ray.actor.ActorHandle]]:
         """A WorkerHost per rank for each group of `roles` that can share processes; each grouped role's hosts."""

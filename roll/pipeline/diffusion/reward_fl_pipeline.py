@@ -67,8 +67,8 @@ class RewardFLPipeline(TrainingRunPipeline):
             config.seed,
             config.policy,
         )
-        cluster = self.start_cluster("actor")
-        cluster.initialize(self.settings)
+        with self.released_on_failure():
+            self.start_cluster("actor").initialize(self.settings)
         self.residency = Residency.of_roles(self.clusters, config.roles())
         self.log_dir = Path(config.run_dir) / "logs"
         self.started = started

@@ -30,8 +30,9 @@ class RMPipeline(PreferenceRunPipeline):
     def __init__(self, config: RMConfig) -> None:
         super().__init__(config)
         self.process = config.data.format == "steps"
-        self.cluster = self.start_cluster(self.trained_role)
-        self.cluster.initialize()
+        with self.released_on_failure():
+            self.cluster = self.start_cluster(self.trained_role)
+            self.cluster.initialize()
 
     def scores(self, batch: DataProto) -> DataProto:
         """The reward model's score of every row of `batch` (`scores`), or of every response token (`step_scores`)
