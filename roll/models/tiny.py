@@ -129,6 +129,8 @@ def save_on_any_rank(model: PreTrainedModel, directory: Path) -> None:
     built by any rank of a role: built by rank 1, an entry had every file but the model's weights.
     """
     directory.mkdir(parents=True, exist_ok=True)
+    # Recorded in config.json as save_pretrained records them (vLLM picks the model class by its architecture).
+    model.config.dtype, model.config.architectures = model.dtype, [type(model).__name__]
     model.config.save_pretrained(directory)
     if model.can_generate():
         model.generation_config.save_pretrained(directory)
