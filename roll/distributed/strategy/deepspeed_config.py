@@ -12,7 +12,7 @@ from typing import Any
 
 from roll.configs.schema import ConfigError, closest_spelling
 from roll.configs.worker_config import WorkerConfig
-from roll.platforms import current_platform
+from roll.distributed.strategy.training import check_dtype_supported, check_schedule
 
 AUTO = "auto"
 # The keys of DeepSpeed 0.19's `tensor_parallel` block (TPTrainingConfig) that a training role may set, so a
@@ -180,33 +180,17 @@ def offloads_optimizer(config: dict[str, Any]) -> bool:
 
 
 def check_precision_supported(worker_config: WorkerConfig, config: dict[str, Any]) -> None:
-    """Raise ConfigError when the run's devices cannot compute in the 16-bit precision `config` enables.
-
-    DeepSpeed would refuse it only inside a started worker (`Type fp16 is not supported on your
-    device` on CPUs without AVX512-FP16/AMX-FP16). The platform answers for its own devices: CPU
-    features are checked only when the run's platform is the CPU.
-    """
-    platform = current_platform()
+    """Raise ConfigError when the run's devices cannot compute in the 16-bit precision `config` enables (DeepSpeed
+    would refuse it only inside a started worker: `Type fp16 is not supported on your device`)."""
     for precision in ("fp16", "bf16"):
-        reason = platform.dtype_unsupported_reason(precision) if config[precision]["enabled"] else ""
-        if reason:
-            device = "device" if platform.is_accelerator else "CPU"
-            others = " or ".join(d for d in ("bf16", "fp32", "fp16") if d != precision and platform.supports_dtype(d))
-            raise ConfigError(
-                f"{worker_config.name}.model_args.dtype={precision} is not supported on this {device} ({reason}); "
-                f"use {others}"
-            )
+        if config[precision]["enabled"]:
+            check_dtype_supported(worker_config, precision)
 
 
 def check_train_config(worker_config: WorkerConfig) -> None:
     """Config-time check of a deepspeed_train role."""
     check_precision_supported(worker_config, resolve_deepspeed_config(worker_config, training=True))
-    args = worker_config.training_args
-    if args.lr_scheduler_type != "constant" and args.max_steps < 1:
-        raise ConfigError(
-            f"{worker_config.name}.training_args.lr_scheduler_type={args.lr_scheduler_type} needs "
-            f"{worker_config.name}.training_args.max_steps (the number of optimizer steps it decays over)"
-        )
+    check_schedule(worker_config)
 
 
 def check_infer_config(worker_config: WorkerConfig) -> None:

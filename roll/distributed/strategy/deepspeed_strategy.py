@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import random
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from roll.configs.worker_config import GeneratingArguments, TrainingArguments, WorkerConfig
@@ -41,6 +38,15 @@ from roll.distributed.strategy.strategy import (
     ModelProvider,
     TrainStrategy,
 )
+from roll.distributed.strategy.training import (
+    adamw_groups,
+    enable_gradient_checkpointing,
+    max_over_ranks,
+    mean_over_ranks,
+    rows_per_step,
+    seed_everything,
+    write_hf_export,
+)
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import Gather, hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
@@ -48,13 +54,6 @@ from roll.utils.console import prints_to_log, reapply_library_levels
 
 if TYPE_CHECKING:
     import deepspeed
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class DeepSpeedInferStrategy(InferenceStrategy):
@@ -152,11 +151,7 @@ class DeepSpeedInferStrategy(InferenceStrategy):
 
     def _agree_count(self, count: int) -> int:
         """The largest of every rank's micro-batch count: ranks run forward passes together (ZeRO gathers, reduces)."""
-        if self.worker.world_size == 1:
-            return count
-        largest = torch.tensor([count], dtype=torch.int64, device=self.device)  # NCCL reduces device tensors only
-        torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
-        return int(largest.item())
+        return max_over_ranks(count, self.worker.world_size, self.device)
 
     def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
         """Continuations of the prompts with their lengths and stop reasons; at stage 3 and under AutoTP all ranks
@@ -295,9 +290,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
 
         args = self.worker_config.training_args
         if args.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(model, "enable_input_require_grads"):
-                model.enable_input_require_grads()  # frozen embeddings (LoRA) still need grads to flow
+            enable_gradient_checkpointing(model)
         model.config.use_cache = False
         optimizer = self._make_optimizer(model, args)
         # A factory, so the schedule drives the optimizer DeepSpeed wraps (ZeRO regroups parameters).
@@ -316,15 +309,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         return engine
 
     def _make_optimizer(self, model: torch.nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
-        decay, no_decay = [], []
-        for name, param in model.named_parameters():
-            if param.requires_grad:
-                (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-        groups = [
-            {"params": decay, "weight_decay": args.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        hyper = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+        groups, hyper = adamw_groups(model, args)
         if offloads_optimizer(self.ds_config):
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -344,13 +329,7 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         micro-batch is told its step's counts summed over those ranks (the engine's data-parallel group:
         under AutoTP not every rank), so a loss normalises over the global step (`step_normalised`).
         """
-        args = self.worker_config.training_args
-        micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
-        if len(batch) % (micro * accumulation):
-            raise ValueError(
-                f"{self.worker_config.name}: a shard of {len(batch)} rows is not a whole number of optimizer "
-                f"steps of {micro} (per_device_train_batch_size) x {accumulation} (gradient_accumulation_steps)"
-            )
+        micro, accumulation = rows_per_step(self.worker_config, len(batch))
         self.engine.train()
         budget = token_budget(self.worker_config)
         data_parallel = DataParallel(self.engine.dp_world_size, self.engine.data_parallel_group, self.device)
@@ -383,7 +362,8 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
             sums["grad_norm"] += float(grad_norm) if grad_norm is not None else math.nan
         steps = len(step_batches)
         result = {k: v / (steps if k in ("grad_norm", "loss") else micro_count) for k, v in sums.items()}
-        result = self._mean_over_ranks(result)
+        # Tensor-parallel peers computed the same values, so the mean over all ranks is the data-parallel mean.
+        result = mean_over_ranks(result, self.worker.world_size, self.device)
         result["lr"] = self.engine.get_lr()[0]
         result["global_step"] = float(self.global_step)
         return result
@@ -392,16 +372,6 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
         """The all-reduced gradients' global norm (DeepSpeed's plain stage-0 optimizer records none)."""
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         return torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
-
-    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average metrics over the ranks, so every rank reports the global value.
-
-        Tensor-parallel peers computed the same values, so the mean over all ranks is the data-parallel mean.
-        """
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(values)
-        return {k: v / self.worker.world_size for k, v in zip(keys, values.tolist(), strict=True)}
 
     def save_checkpoint(self, save_dir: str, tag: str) -> str:
         """All ranks write their ZeRO shards and RNG state; the checkpoint appears only when complete."""
@@ -415,16 +385,4 @@ class DeepSpeedTrainStrategy(DeepSpeedInferStrategy, TrainStrategy):
 
     def export_hf(self, output_dir: str) -> str:
         """Rank 0 writes a Hugging Face directory (16-bit or fp32 as trained) from the gathered weights."""
-        state_dict = {}
-        for name, tensor in self.iter_hf_weights():
-            if self.worker.rank == 0:
-                state_dict[name] = tensor.cpu()
-        if self.worker.rank == 0:
-            os.makedirs(output_dir, exist_ok=True)
-            model = self.unwrapped_model
-            from peft import PeftModel
-
-            plain = model.get_base_model() if isinstance(model, PeftModel) else model
-            plain.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
-        torch.distributed.barrier()
-        return output_dir
+        return write_hf_export(self.unwrapped_model, self.iter_hf_weights(), self.worker.rank, output_dir)

@@ -50,7 +50,9 @@ class TrainingRunConfig(ResumableRun, PipelineConfig):
         """Role `name` runs a training strategy."""
         strategy = role.strategy_args.strategy_name if role.strategy_args else None
         if strategy is None or not strategy_class(strategy).trains():
-            raise ConfigError(f"{name}.strategy_args.strategy_name={strategy} does not train; use deepspeed_train")
+            raise ConfigError(
+                f"{name}.strategy_args.strategy_name={strategy} does not train; use deepspeed_train or fsdp2_train"
+            )
 
     def check_models_and_lengths(self, roles: list[WorkerConfig]) -> dict[str, ModelFacts]:
         """The roles' models parse and a prompt plus a response fits each; their sizes by role name."""

@@ -1,42 +1,31 @@
 """Atomic, resumable DeepSpeed checkpoints, including resume at a different data-parallel size.
 
-Layout of `save_dir`:
+Layout of a checkpoint `save_dir/<tag>` (staged and marked by `roll.utils.staged_checkpoint`, which also keeps
+`latest`, the marker and each rank's RNG states):
 
-    latest                     the tag of the newest complete checkpoint (replaced atomically)
-    <tag>/roll_checkpoint.json  written last: a directory without it is never loaded
     <tag>/state/               DeepSpeed's own files (model, per-rank ZeRO optimizer shards)
-    <tag>/rng_rank<r>.pt       each rank's Python, NumPy and torch RNG states
     <tag>/state_universal/     made on first resume at another data-parallel size
 
 Under AutoTP (tensor_parallel.autotp_size > 1) DeepSpeed writes one model-states file per tensor-parallel
 rank; the marker records the tensor-parallel size, and a resume must use the same one.
-
-A save goes to `.<tag>.incomplete` first and is renamed once every rank has written; a crash
-mid-save leaves only that hidden directory, which is ignored and replaced by the next save.
-Ranks must share the filesystem of `save_dir`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import torch.distributed as dist
 
-from roll.utils.fileio import read_latest_tag, write_text_atomically
+from roll.utils.staged_checkpoint import MARKER, checkpoint_meta, resolve_checkpoint, restore_rng, staged_checkpoint
+
+__all__ = ["MARKER", "load", "save"]
 
 ENGINE_TAG = "state"
 UNIVERSAL_TAG = "state_universal"
-MARKER = "roll_checkpoint.json"
-LATEST = "latest"
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -49,46 +38,15 @@ def _tensor_parallel_size(engine: Any) -> int:
 
 def save(engine: Any, save_dir: str, tag: str, client_state: dict[str, Any]) -> str:
     """Write checkpoint `save_dir/tag` from every rank; it becomes visible (and `latest`) only when complete."""
-    rank, world = _rank_and_world()
-    root = Path(save_dir)
-    final, staging = root / tag, root / f".{tag}.incomplete"
-    if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    dist.barrier()
-    engine.save_checkpoint(str(staging), tag=ENGINE_TAG, client_state=client_state, save_latest=False)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save(rng, staging / f"rng_rank{rank}.pt")
-    dist.barrier()
-    if rank == 0:
-        tp_size = _tensor_parallel_size(engine)
-        meta = {
-            "tag": tag,
-            "dp_size": world // tp_size,
-            "tp_size": tp_size,
-            "zero_stage": engine.zero_optimization_stage(),
-            "time": time.time(),
-        }
-        (staging / MARKER).write_text(json.dumps(meta))
-        if final.exists():
-            retired = root / f".{tag}.retired"
-            os.replace(final, retired)
-            shutil.rmtree(retired)
-        os.replace(staging, final)
-        write_text_atomically(root / LATEST, tag)
-    dist.barrier()
-    return str(final)
-
-
-def resolve_checkpoint(load_dir: str, tag: str | None) -> Path:
-    """The directory of checkpoint `tag` (or of the latest complete one); FileNotFoundError if incomplete."""
-    root = Path(load_dir)
-    if tag is None:
-        tag = read_latest_tag(root, LATEST)
-    path = root / tag
-    if not (path / MARKER).is_file():
-        raise FileNotFoundError(f"{path} is not a complete roll checkpoint (no {MARKER}); pick another tag")
-    return path
+    tp_size = _tensor_parallel_size(engine)
+    meta = {
+        "dp_size": _rank_and_world()[1] // tp_size,
+        "tp_size": tp_size,
+        "zero_stage": engine.zero_optimization_stage(),
+    }
+    with staged_checkpoint(save_dir, tag, meta) as staging:
+        engine.save_checkpoint(str(staging), tag=ENGINE_TAG, client_state=client_state, save_latest=False)
+    return str(Path(save_dir) / tag)
 
 
 def load(engine: Any, load_dir: str, tag: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -100,7 +58,7 @@ def load(engine: Any, load_dir: str, tag: str | None = None) -> tuple[str, dict[
     """
     rank, world = _rank_and_world()
     path = resolve_checkpoint(load_dir, tag)
-    meta = json.loads((path / MARKER).read_text())
+    meta = checkpoint_meta(path)
     tp_size = _tensor_parallel_size(engine)
     saved_tp = meta.get("tp_size", 1)
     if saved_tp != tp_size:
@@ -122,12 +80,7 @@ def load(engine: Any, load_dir: str, tag: str | None = None) -> tuple[str, dict[
         engine._config.load_universal_checkpoint = False
     if loaded_path is None:
         raise RuntimeError(f"DeepSpeed could not load {path / engine_tag}")
-    rng_file = path / f"rng_rank{rank}.pt"
-    if rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
+    restore_rng(path, rank)
     return str(path), client_state
 
 

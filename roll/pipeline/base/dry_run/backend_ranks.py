@@ -99,12 +99,34 @@ def _generation_phase(role: WorkerConfig, shape: ModelShape, lengths: _Lengths) 
     return MemoryItem("KV cache", kv), MemoryItem("prefill layer", prefill)
 
 
+def _fsdp2_as_zero3(role: WorkerConfig, shape: ModelShape) -> tuple[int, str, str, dict[str, Any]]:
+    """An fsdp2_train role's layout in `_zero_block`'s terms: everything sharded as at ZeRO-3, one decoder layer
+    gathered while the next is prefetched (the whole model between forward and backward without
+    `reshard_after_forward`), a layer's gradients reduce-scattered at a time."""
+    block = role.strategy_args.strategy_config or {}
+    offload = "cpu" if block.get("cpu_offload") else "none"
+    layer = shape.layer_params()
+    kept = 0 if block.get("reshard_after_forward", True) else shape.param_count("causal_lm")
+    zero = {
+        "stage3_prefetch_bucket_size": layer,
+        "stage3_max_live_parameters": kept,
+        "stage3_max_reuse_distance": kept,
+        "reduce_bucket_size": layer,
+    }
+    return 3, offload, offload, zero
+
+
 def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths, platform: str) -> _Built:
-    stage, offload_optimizer, offload_params, zero = _zero_block(role)
+    fsdp2 = role.strategy_args.strategy_name == "fsdp2_train"
+    stage, offload_optimizer, offload_params, zero = _fsdp2_as_zero3(role, shape) if fsdp2 else _zero_block(role)
     dtype, args, ranks = role.model_args.dtype, role.training_args, role.dp_size
     params, trainable = _model_params(role, shape, kind)
     tp_size = role.model_parallel_size
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = (
+        ("fsdp2_train counted as ZeRO-3 with a layer gathered and the next prefetched (not yet checked against a run)",)
+        if fsdp2
+        else ()
+    )
     if tp_size > 1:
         params = trainable = _tensor_parallel_share(shape, params, tp_size)
         notes = (

@@ -21,6 +21,7 @@ from roll.pipeline.base.dry_run.model_states import GiB, MemoryItem, Place
 STRATEGY_KINDS = {
     "deepspeed_train": "train",
     "deepspeed_infer": "infer",
+    "fsdp2_train": "train",
     "hf_infer": "infer",
     "vllm": "engine",
     "sglang": "engine",

@@ -1,0 +1,309 @@
+"""fsdp2_train: a model sharded by torch's FSDP2 (`fully_shard` per decoder layer and at the root).
+
+Parameters, gradients and optimizer states are sharded over a device mesh of the role's ranks (one dimension, or
+replicate x shard when `shard_size` is below the rank count); forward and backward gather one layer at a time.
+The block it reads is `roll.configs.fsdp2_config.FSDP2Config`; the optimizer, LR schedule, micro-batches and the
+global-batch normalisation are DeepSpeed's (`training.py`, `hf_compute.py`, `micro_batches.py`), so the two
+backends give the same losses on the same rows. FSDP2 itself is imported inside the methods that run it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll.configs.fsdp2_config import DEEPSPEED_ONLY_KEYS, FSDP2Config
+from roll.configs.schema import ConfigError, from_dict
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.hf_compute import (
+    forward_in_micro_batches,
+    generate_in_micro_batches,
+    optimizer_step_losses,
+)
+from roll.distributed.strategy.lr_schedule import lr_lambda
+from roll.distributed.strategy.micro_batches import DataParallel, token_budget
+from roll.distributed.strategy.strategy import ForwardFunc, Generation, ModelProvider, TrainStrategy
+from roll.distributed.strategy.training import (
+    adamw_groups,
+    check_dtype_supported,
+    check_schedule,
+    enable_gradient_checkpointing,
+    max_over_ranks,
+    mean_over_ranks,
+    rows_per_step,
+    seed_everything,
+    write_hf_export,
+)
+from roll.models.model_providers import dtype_from_name
+from roll.utils.staged_checkpoint import checkpoint_meta, resolve_checkpoint, restore_rng, staged_checkpoint
+
+BACKEND = "fsdp2_train"  # recorded in its checkpoints' marker: a DeepSpeed checkpoint is not loaded as one
+# What each option of the block needs from torch.distributed.fsdp ("" : every block).
+TORCH_FEATURES = {"": ("fully_shard", "MixedPrecisionPolicy", "FSDPModule"), "cpu_offload": ("CPUOffloadPolicy",)}
+
+
+def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
+    """The role's block as `FSDP2Config`; a ConfigError names a DeepSpeed-only key, a wrong value, a mesh that does
+    not divide the role's ranks, a precision its devices lack or an option the torch in use does not have."""
+    role = worker_config.name
+    where = f"{role}.strategy_args.strategy_config"
+    block = dict(worker_config.strategy_args.strategy_config or {})
+    for key in block:
+        if key in DEEPSPEED_ONLY_KEYS:
+            raise ConfigError(
+                f"{where}.{key} is a DeepSpeed key, not an FSDP2 one ({DEEPSPEED_ONLY_KEYS[key]}); "
+                "reference ${fsdp2} or ${fsdp2_cpuoffload}"
+            )
+    config = from_dict(FSDP2Config, block, where)
+    world = worker_config.world_size or 1
+    if world % (config.shard_size or world):
+        raise ConfigError(
+            f"{where}.shard_size={config.shard_size} does not divide {role}'s {world} rank(s); set it to a divisor "
+            f"of {world} (0: all of them) or change {role}.device_mapping"
+        )
+    dtype = worker_config.model_args.dtype
+    if dtype == "fp16":
+        raise ConfigError(
+            f"{role}.model_args.dtype=fp16: fsdp2_train has no loss scaler; use bf16 (or fp32), or deepspeed_train"
+        )
+    explicit = f"{where}.param_dtype" if config.param_dtype != "auto" else ""  # else model_args.dtype is named
+    check_dtype_supported(worker_config, compute_dtype_name(config, dtype), explicit)
+    if worker_config.model_args.lora_rank:
+        raise ConfigError(
+            f"{role}.model_args.lora_rank={worker_config.model_args.lora_rank}: fsdp2_train does not train LoRA "
+            "adapters yet; set lora_rank=0 or use deepspeed_train"
+        )
+    _check_torch_features(config, where)
+    check_schedule(worker_config)
+    return config
+
+
+def compute_dtype_name(config: FSDP2Config, model_dtype: str) -> str:
+    """The precision forward and backward run in: `param_dtype`, or the model's dtype for `auto`."""
+    return model_dtype if config.param_dtype == "auto" else config.param_dtype
+
+
+def _check_torch_features(config: FSDP2Config, where: str) -> None:
+    import torch.distributed.fsdp as fsdp
+
+    for option, names in TORCH_FEATURES.items():
+        if option and not getattr(config, option):
+            continue
+        missing = [name for name in names if not hasattr(fsdp, name)]
+        if missing:
+            field = f"{where}.{option}" if option else where.replace("strategy_config", "strategy_name=fsdp2_train")
+            raise ConfigError(
+                f"{field}: torch {torch.__version__} has no torch.distributed.fsdp.{', '.join(missing)} "
+                "(FSDP2 needs torch 2.6 or newer)"
+            )
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks, each sharded on its own: the classes transformers never splits across devices."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class (_no_split_modules) to shard by")
+    return layers
+
+
+class FSDP2TrainStrategy(TrainStrategy):
+    """A model under `fully_shard` with AdamW, the role's LR schedule, DCP checkpoints and full-weight export."""
+
+    strategy_name = BACKEND
+
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """The role's FSDP2 block, precision and schedule (see `parse_fsdp2_config`)."""
+        parse_fsdp2_config(worker_config)
+
+    def initialize(self, model_provider: ModelProvider) -> None:
+        """Join the process group, load the model, shard each decoder layer and the root, build the optimizer."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        worker, platform = self.worker, self.worker.platform
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group(
+                platform.dist_backend, store=worker.rendezvous_store(), rank=worker.rank, world_size=worker.world_size
+            )
+        platform.set_device(worker.local_rank)
+        self.device = torch.device(platform.device_name(worker.local_rank))
+        args = self.worker_config.training_args
+        seed_everything(args.seed)
+        self.config = parse_fsdp2_config(self.worker_config)
+        model = model_provider()
+        self.weight_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+        self.export_dtype = model.dtype  # what the role loads and exports in; the shards and AdamW keep fp32
+        compute = dtype_from_name(compute_dtype_name(self.config, self.worker_config.model_args.dtype))
+        model.float()
+        if args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        model.config.use_cache = False
+        shard = {
+            "mesh": self._device_mesh(),
+            "reshard_after_forward": self.config.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=None if compute == torch.float32 else compute,
+                reduce_dtype=dtype_from_name(self.config.reduce_dtype),
+            ),
+            # Pinned host memory needs an accelerator; on a CPU platform the shards are host memory either way.
+            "offload_policy": CPUOffloadPolicy(pin_memory=platform.is_accelerator)
+            if self.config.cpu_offload
+            else OffloadPolicy(),
+        }
+        for layer in decoder_layers(model):
+            fully_shard(layer, **shard)
+        self.model = fully_shard(model, **shard)
+        groups, hyper = adamw_groups(self.model, args)
+        self.optimizer = torch.optim.AdamW(groups, **hyper)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args))
+        self.global_step = 0
+
+    def _device_mesh(self) -> Any:
+        """The role's ranks as one shard dimension, or (replicate, shard) when `shard_size` is below their count."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = self.worker.world_size
+        shard = self.config.shard_size or world
+        device_type = self.worker.platform.device_type
+        if shard == world:
+            return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+        return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+
+    def _agree_count(self, count: int) -> int:
+        """The largest of every rank's micro-batch count: every forward pass gathers layers from all ranks."""
+        return max_over_ranks(count, self.worker.world_size, self.device)
+
+    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
+        """Metrics of `forward_func` over micro-batches of `infer_batch_size` rows or of the token budget, no grad."""
+        return forward_in_micro_batches(
+            self.model,
+            batch,
+            forward_func,
+            self.worker_config.infer_batch_size,
+            self.device,
+            token_budget(self.worker_config),
+            self._agree_count,
+        )
+
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """Continuations of the prompts; ranks step together until the last finishes (each step gathers layers)."""
+        return generate_in_micro_batches(
+            self.model,
+            batch,
+            generating_args,
+            self.worker_config.infer_batch_size,
+            self.device,
+            synced_ranks=self.worker.world_size > 1,
+            model_path=self.worker_config.model_args.model_name_or_path,
+        )
+
+    def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
+        """One optimizer step per `per_device_train_batch_size` x `gradient_accumulation_steps` rows of `batch`.
+
+        As deepspeed_train: the mean of a step's micro-batch losses is back-propagated, each micro-batch is told its
+        step's counts over every rank (`step_normalised`), FSDP2 averages the gradients over the ranks, they are
+        clipped to `max_grad_norm` and AdamW steps. Gradients are reduce-scattered after every micro-batch, as
+        ZeRO-3 does, so a rank holds only its shard of them between micro-batches.
+        """
+        micro, accumulation = rows_per_step(self.worker_config, len(batch))
+        self.model.train()
+        budget = token_budget(self.worker_config)
+        data_parallel = DataParallel(self.worker.world_size, None, self.device)
+        sums: dict[str, float] = defaultdict(float)
+        step_batches = batch.split(micro * accumulation)
+        micro_count = 0
+        for step_batch in step_batches:
+            losses = optimizer_step_losses(
+                self.model, step_batch, loss_func, micro, self.device, budget, self._agree_count, None, data_parallel
+            )
+            for loss, metrics, _ in losses:
+                micro_count += 1
+                loss.backward()
+                sums["loss"] += loss.item()
+                for key, value in metrics.items():
+                    sums[key] += value.float().mean().item()
+            sums["grad_norm"] += self._clip_gradients()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+        steps = len(step_batches)
+        result = {k: v / (steps if k in ("grad_norm", "loss") else micro_count) for k, v in sums.items()}
+        result = mean_over_ranks(result, self.worker.world_size, self.device)
+        result["lr"] = self.scheduler.get_last_lr()[0]
+        result["global_step"] = float(self.global_step)
+        return result
+
+    def _clip_gradients(self) -> float:
+        """The global norm of the gradients before clipping them to `max_grad_norm` (0: not clipped)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return math.nan
+        max_norm = self.worker_config.training_args.max_grad_norm
+        norm = torch.nn.utils.get_total_norm(grads)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+        return norm.item()
+
+    def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight in full by Hugging Face name, in the role's dtype: each gathered from the ranks' shards (every
+        rank must iterate to the end together) and copied, one tensor at a time."""
+        for name, param in self.model.named_parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param.data
+            yield name, full.detach().to(self.export_dtype, copy=True)
+
+    def export_hf(self, output_dir: str) -> str:
+        """Rank 0 writes a Hugging Face directory in the role's dtype from the gathered weights."""
+        return write_hf_export(self.model, self.iter_hf_weights(), self.worker.rank, output_dir)
+
+    def save_checkpoint(self, save_dir: str, tag: str) -> str:
+        """Every rank writes its shards of the model and optimizer through torch.distributed.checkpoint, rank 0 the
+        LR schedule and step; the checkpoint appears (and becomes `latest`) only when complete."""
+        import torch.distributed.checkpoint as dcp
+
+        meta = {"backend": BACKEND, "dp_size": self.worker.world_size}
+        with staged_checkpoint(save_dir, tag, meta) as staging:
+            dcp.save(self._sharded_state(), checkpoint_id=str(staging / "state"))
+            if self.worker.rank == 0:
+                trainer = {"scheduler": self.scheduler.state_dict(), "global_step": self.global_step}
+                torch.save(trainer, staging / "trainer.pt")
+        return str(Path(save_dir) / tag)
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None) -> str:
+        """Resume model, optimizer, schedule, step and RNG from a checkpoint of this backend (DCP reshards one
+        written by another number of ranks)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        path = resolve_checkpoint(load_dir, tag)
+        backend = checkpoint_meta(path).get("backend", "deepspeed_train")
+        if backend != BACKEND:
+            raise ValueError(f"{path} was written by {backend}; {BACKEND} resumes only its own checkpoints")
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=str(path / "state"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trainer = torch.load(path / "trainer.pt", weights_only=False)
+        self.scheduler.load_state_dict(trainer["scheduler"])
+        self.global_step = int(trainer["global_step"])
+        restore_rng(path, self.worker.rank)
+        return str(path)
+
+    def _sharded_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def shutdown(self) -> None:
+        """Drop the model and optimizer and leave the process group, so another role can start in this process."""
+        self.model = self.optimizer = self.scheduler = None
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
