@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from roll.configs.schema import ConfigError, any_value, check
+from roll.configs.schema import DOTTED_PATH, ConfigError, any_value, check
 from roll.envs.protocol import Env
 from roll.envs.registry import env_factory, make_env
 from roll.envs.tools import ToolEnv
@@ -50,6 +50,15 @@ class EnvArguments:
     # 0: the environments run in the driver (cheap games). N: they are spread over N CPU Ray actors, the env
     # role (roll/pipeline/agentic/env_workers.py), each calling its environments with max_concurrency threads.
     num_env_workers: int = field(default=0, metadata=check(ge=0))
+    # A user's agent `package.module.function(task, client)`, plain or async (docs/agentic.md, "Bring your own
+    # agent"): it plays each episode through roll's OpenAI-compatible endpoint, the task being the environment's
+    # first observation; it returns the reward, or its final answer for the environment's `step` to score.
+    agent: str | None = field(default=None, metadata=check(DOTTED_PATH))
+    # An agent's whole episode: one still running then ends only its own episode, which is not trained.
+    agent_timeout_s: float = field(default=120.0, metadata=check(gt=0))
+    # Two characters, e.g. "<>": the endpoint also reads the bracket form `<calc 12*34>` of a requested tool as a
+    # tool call (a tiny model's character vocabulary has no braces for Hermes JSON). "": Hermes only.
+    agent_tool_brackets: str = field(default="", metadata=check(pattern=r"(..)?", expect="two characters such as <>"))
 
     def make_env(self) -> Env:
         """A new environment of this block: `name` built with `kwargs`."""
@@ -70,6 +79,14 @@ class EnvArguments:
             f"env {self.name}: environments {where}, {self.max_concurrency} calls at once, "
             f"{self.timeout_s:g} s per call; {self.eval_episodes} held-out seeds from {self.eval_seed_offset}",
             *self._describe_tools(),
+            *(
+                [
+                    f"env {self.name}: each episode played by the agent {self.agent} through the OpenAI-compatible "
+                    f"endpoint on 127.0.0.1, {self.max_concurrency} at once, {self.agent_timeout_s:g} s each"
+                ]
+                if self.agent
+                else []
+            ),
         ]
 
     def _describe_tools(self) -> list[str]:
@@ -87,10 +104,23 @@ class EnvArguments:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self._check_builds()
+        if self.agent is not None:
+            self._check_agent()
         if self.max_trajectory_tokens < max_new_tokens:
             raise ConfigError(
                 f"env.max_trajectory_tokens={self.max_trajectory_tokens} cannot hold one turn of "
                 f"actor_infer.generating_args.max_new_tokens={max_new_tokens}; raise it to at least {max_new_tokens}"
+            )
+
+    def _check_agent(self) -> None:
+        """The agent imports and takes (task, client); it runs in the driver, beside the endpoint."""
+        from roll.pipeline.agentic.agent_runner import load_agent
+
+        load_agent(self.agent or "", "env.agent")
+        if self.num_env_workers:
+            raise ConfigError(
+                f"env.agent={self.agent} runs its episodes in the driver, beside the endpoint; "
+                f"set env.num_env_workers=0 (it is {self.num_env_workers})"
             )
 
     def _check_builds(self) -> None:

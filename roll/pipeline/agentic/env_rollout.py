@@ -14,7 +14,9 @@ from typing import Any
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 
 # Training batches in a row whose every episode an environment error ended: then the run stops, naming the error.
@@ -71,9 +73,18 @@ class EnvRollouts:
         self.env = env
         self.generating_args = generating_args
         # stop_ids: the ids generation stops on (the policy's generation config's EOS list), ending a turn.
-        self.rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
-        self.greedy_rollout = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs=False, stop_ids=stop_ids)
+        # With env.agent, the user's agent plays the episodes through the endpoint both rollouts share.
+        self.server = ChatServer() if env.agent else None
+        self.rollout = self._rollout(tokenizer, pad_id, with_engine_log_probs, stop_ids)
+        self.greedy_rollout = self._rollout(tokenizer, pad_id, False, stop_ids)
         self.all_failed_batches = 0  # training batches in a row whose every episode failed
+
+    def _rollout(
+        self, tokenizer: Any, pad_id: int, with_engine_log_probs: bool, stop_ids: Sequence[int]
+    ) -> MultiTurnRollout | AgentRollout:
+        if self.server is not None:
+            return AgentRollout(self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids)
+        return MultiTurnRollout(self.env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
 
     def train_batch(
         self, cluster: Cluster, seeds: list[int], group_size: int, base_seed: int
@@ -109,6 +120,9 @@ class EnvRollouts:
         return {"val/accuracy": greedy["rollout/success"], "val/sampled_success": sampled["rollout/success"]}
 
     def close(self) -> None:
-        """Close the environments of both rollouts."""
+        """Close the environments of both rollouts, or the agents' endpoint."""
+        if self.server is not None:
+            self.server.close()
+            return
         self.rollout.close()
         self.greedy_rollout.close()

@@ -20,7 +20,7 @@ CPU Ray actors (`EnvWorkers`, the env role), which answer the same calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,11 +41,9 @@ from roll.envs.protocol import (
 )
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.env_workers import EnvWorkers
+from roll.pipeline.agentic.generation_queue import Generate, left_padded, sampled_rows
 from roll.pipeline.agentic.observations import ObservationEncoder
-from roll.pipeline.base.rl_workers import WITH_ENGINE_LOG_PROBS
 
-# generate(request, generating_args) -> a rollout batch (`responses`, `response_mask`, maybe `engine_log_probs`).
-Generate = Callable[[DataProto, GeneratingArguments], DataProto]
 # Turn seeds of one rollout are base_seed * TURN_SEED_STRIDE + turn, so no two turns or steps share one.
 TURN_SEED_STRIDE = 1000
 # Episodes of each batch whose ids are checked against the chat template's rendering (`rollout/template_drift`).
@@ -187,20 +185,12 @@ class MultiTurnRollout:
     def _act(self, episodes: list[Episode], generate: Generate, args: GeneratingArguments) -> list[str]:
         """Generate one turn for `episodes`, append the sampled ids to each, return the decoded actions."""
         histories = [episode.prompt_ids + episode.response_ids for episode in episodes]
-        width = max(len(h) for h in histories)
-        ids = torch.tensor([[self.pad_id] * (width - len(h)) + h for h in histories])
-        mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories])
-        request = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask})
-        request.meta_info[WITH_ENGINE_LOG_PROBS] = self.with_engine_log_probs
-        out = generate(request, args)
-        lengths = out.batch["response_mask"].sum(-1).tolist()
+        out = generate(left_padded(histories, self.pad_id, self.with_engine_log_probs), args)
         actions = []
-        for row, (episode, length) in enumerate(zip(episodes, lengths, strict=True)):
-            sampled = out.batch["responses"][row, :length].tolist()
+        for episode, (sampled, log_probs) in zip(episodes, sampled_rows(out, self.with_engine_log_probs), strict=True):
             episode.response_ids += sampled
             episode.loss_mask += [1] * len(sampled)
-            if self.with_engine_log_probs:
-                episode.log_probs += out.batch["engine_log_probs"][row, :length].float().tolist()
+            episode.log_probs += log_probs
             action = self.tokenizer.decode(sampled, skip_special_tokens=True)
             episode.transcript.append(action)
             episode.roles.append("assistant")
@@ -233,50 +223,55 @@ class MultiTurnRollout:
 
     def _batch(self, episodes: list[Episode]) -> DataProto:
         """The episodes in the single-turn rollout layout (see the module docstring)."""
-        rows, width = len(episodes), self.env.max_trajectory_tokens
-        prompt_width = max(len(e.prompt_ids) for e in episodes)
-        prompts = torch.full((rows, prompt_width), self.pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long)
-        responses = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        response_mask = torch.zeros((rows, width), dtype=torch.long)
-        attended = torch.zeros((rows, width), dtype=torch.long)
-        turn_rewards = torch.zeros((rows, width), dtype=torch.float32)
-        turn_discounts = torch.ones((rows, width), dtype=torch.float32)
-        log_probs = torch.zeros((rows, width), dtype=torch.float32)
-        scores = torch.zeros(rows, dtype=torch.float32)
-        for i, e in enumerate(episodes):
-            p, r = len(e.prompt_ids), len(e.response_ids)
-            prompts[i, prompt_width - p :] = torch.tensor(e.prompt_ids)
-            prompt_mask[i, prompt_width - p :] = 1
-            if r:
-                responses[i, :r] = torch.tensor(e.response_ids)
-                response_mask[i, :r] = torch.tensor(e.loss_mask)
-                attended[i, :r] = 1
-            if self.with_engine_log_probs and r:
-                log_probs[i, :r] = torch.tensor(e.log_probs)
-            for position, reward in e.turn_rewards:
-                turn_rewards[i, position] += reward
-                turn_discounts[i, position] = self.env.turn_gamma
-            rewards = [reward for _, reward in e.turn_rewards]
-            scores[i] = (sum(rewards) if self.env.trajectory_score == "sum" else rewards[-1]) if rewards else 0.0
-        input_ids, attention_mask = torch.cat([prompts, responses], 1), torch.cat([prompt_mask, attended], 1)
-        sequences = {"input_ids": input_ids, "attention_mask": attention_mask}
-        tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask, **sequences}
-        tensors["truncated"] = torch.tensor([e.truncated for e in episodes])
-        tensors |= {"scores": scores, "turn_rewards": turn_rewards, "turn_discounts": turn_discounts}
-        # An episode whose environment raised, hung or returned garbage has no real reward: the pipeline leaves it
-        # out of its group's statistics and of the loss (`compute_advantages(excluded=...)`).
-        tensors["reward_failed"] = torch.tensor([float(e.counts.get(ENV_ERROR, 0.0) > 0) for e in episodes])
-        if self.with_engine_log_probs:
-            tensors["engine_log_probs"] = log_probs
-        non_tensors = {
-            "prompt": [e.prompt for e in episodes],
-            "response_text": [" | ".join(e.transcript) for e in episodes],
-            "answer": [f"seed {e.seed}, success {e.success:g}" for e in episodes],
-            "env_seed": np.array([e.seed for e in episodes], dtype=np.int64),
-            "env_error": [e.error for e in episodes],
-        }
-        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+        return episodes_batch(episodes, self.env, self.pad_id, self.with_engine_log_probs)
+
+
+def episodes_batch(episodes: list[Episode], env: EnvArguments, pad_id: int, with_engine_log_probs: bool) -> DataProto:
+    """`episodes` in the single-turn rollout layout (see the module docstring)."""
+    rows, width = len(episodes), env.max_trajectory_tokens
+    prompt_width = max(len(e.prompt_ids) for e in episodes)
+    prompts = torch.full((rows, prompt_width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long)
+    responses = torch.full((rows, width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((rows, width), dtype=torch.long)
+    attended = torch.zeros((rows, width), dtype=torch.long)
+    turn_rewards = torch.zeros((rows, width), dtype=torch.float32)
+    turn_discounts = torch.ones((rows, width), dtype=torch.float32)
+    log_probs = torch.zeros((rows, width), dtype=torch.float32)
+    scores = torch.zeros(rows, dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        p, r = len(e.prompt_ids), len(e.response_ids)
+        prompts[i, prompt_width - p :] = torch.tensor(e.prompt_ids)
+        prompt_mask[i, prompt_width - p :] = 1
+        if r:
+            responses[i, :r] = torch.tensor(e.response_ids)
+            response_mask[i, :r] = torch.tensor(e.loss_mask)
+            attended[i, :r] = 1
+        if with_engine_log_probs and r:
+            log_probs[i, :r] = torch.tensor(e.log_probs)
+        for position, reward in e.turn_rewards:
+            turn_rewards[i, position] += reward
+            turn_discounts[i, position] = env.turn_gamma
+        rewards = [reward for _, reward in e.turn_rewards]
+        scores[i] = (sum(rewards) if env.trajectory_score == "sum" else rewards[-1]) if rewards else 0.0
+    input_ids, attention_mask = torch.cat([prompts, responses], 1), torch.cat([prompt_mask, attended], 1)
+    sequences = {"input_ids": input_ids, "attention_mask": attention_mask}
+    tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask, **sequences}
+    tensors["truncated"] = torch.tensor([e.truncated for e in episodes])
+    tensors |= {"scores": scores, "turn_rewards": turn_rewards, "turn_discounts": turn_discounts}
+    # An episode whose environment raised, hung or returned garbage has no real reward: the pipeline leaves it
+    # out of its group's statistics and of the loss (`compute_advantages(excluded=...)`).
+    tensors["reward_failed"] = torch.tensor([float(e.counts.get(ENV_ERROR, 0.0) > 0) for e in episodes])
+    if with_engine_log_probs:
+        tensors["engine_log_probs"] = log_probs
+    non_tensors = {
+        "prompt": [e.prompt for e in episodes],
+        "response_text": [" | ".join(e.transcript) for e in episodes],
+        "answer": [f"seed {e.seed}, success {e.success:g}" for e in episodes],
+        "env_seed": np.array([e.seed for e in episodes], dtype=np.int64),
+        "env_error": [e.error for e in episodes],
+    }
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

@@ -35,10 +35,10 @@ class ObservationEncoder:
         self.chat_template = chat_template
         self.tools = list(tools)
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """`messages` rendered by the chat template as text, with the tools."""
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+            list(messages), tools=self.tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
     def renders_tools(self) -> bool:
@@ -49,9 +49,14 @@ class ObservationEncoder:
 
     def first(self, observation: str) -> list[int]:
         """The ids of the episode's first observation (the prompt)."""
+        return self.conversation([{"role": "user", "content": observation}])
+
+    def conversation(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """The ids of a whole conversation with the generation prompt (a chat request's prompt); without a chat
+        template each content and a newline, as the episodes' observations are."""
         if not self.chat_template:
-            return self._ids(observation + "\n")
-        return self._ids(self.render([{"role": "user", "content": observation}], add_generation_prompt=True))
+            return self._ids("".join(f"{message.get('content') or ''}\n" for message in messages))
+        return self._ids(self.render(messages, add_generation_prompt=True))
 
     def next(self, observation: str, role: str = "user", action_end: str | None = None) -> list[int]:
         """The ids appended after an action: the observation as the next turn of `role` ("user" or "tool").
@@ -59,11 +64,16 @@ class ObservationEncoder:
         `action_end` is the text of the stop token the action ended on, which the policy sampled itself: the
         tokenizer's EOS (`None`, the default), another EOS id of the generation config (Gemma's `<end_of_turn>`),
         or `""` for an action cut at `max_new_tokens`. The template's closing does not repeat it."""
+        return self.next_messages([{"role": role, "content": observation}], action_end)
+
+    def next_messages(self, messages: Sequence[dict[str, Any]], action_end: str | None = None) -> list[int]:
+        """The ids appended after an action for several new turns at once (`next`'s, e.g. a chat request's tool
+        results and user turn after the assistant's); without a chat template each content and a newline."""
         if not self.chat_template:
-            return self._ids(observation + "\n")
+            return self.conversation(messages)
         base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
         before = self.render(base)
-        after = self.render([*base, {"role": role, "content": observation}], add_generation_prompt=True)
+        after = self.render([*base, *messages], add_generation_prompt=True)
         if not after.startswith(before):
             raise ValueError("the chat template renders earlier turns differently once a turn follows them")
         # What the template writes after the assistant's text; the policy sampled its EOS part itself.

@@ -1,0 +1,170 @@
+"""Episodes played by a user's agent (`env.agent`) through the OpenAI-compatible endpoint, as one rollout batch.
+
+Each episode: an environment of `env.name` is reset with the episode's seed, its observation is the agent's task;
+the agent runs in a thread of the driver with a client whose `base_url` names the episode's session, and returns
+its reward or a final answer the environment's `step` scores. Meanwhile the calling thread generates the agents'
+calls in waves (`GenerationQueue`). An agent that raises, returns garbage, makes no call or is still running after
+`env.agent_timeout_s` ends only its own episode: it is marked `reward_failed`, so its group's statistics and the
+loss leave it out, and its later calls get unknown-session errors.
+
+The row trained for an episode is its last segment (`AgentSession.trajectory`): the ids the engine was given and
+sampled, call after call. Earlier segments, before a call that rewrote the history, are counted
+(`rollout/agent_new_segments`) and not trained.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
+
+from transformers import PreTrainedTokenizerBase
+
+from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.scheduler.protocol import DataProto
+from roll.envs.deadline import Outcome, run_with_deadline
+from roll.envs.protocol import ENV_ERROR, SUCCESS, TOOL_CALLS
+from roll.pipeline.agentic.agent_runner import as_reward, load_agent, run_agent
+from roll.pipeline.agentic.agent_session import AgentSession, SessionLimits
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.chat_server import ChatServer
+from roll.pipeline.agentic.generation_queue import Generate, GenerationQueue
+from roll.pipeline.agentic.multi_turn import TURN_SEED_STRIDE, Episode, episode_metrics, episodes_batch
+from roll.utils.imports import exception_line
+
+
+class AgentRollout:
+    """Plays episodes of `env.agent` against actor_infer through `server`; `run` returns the batch and metrics."""
+
+    def __init__(
+        self,
+        env: EnvArguments,
+        tokenizer: PreTrainedTokenizerBase,
+        pad_id: int,
+        server: ChatServer,
+        with_engine_log_probs: bool = False,
+        stop_ids: Sequence[int] = (),
+    ) -> None:
+        assert env.agent is not None
+        self.env = env
+        self.agent = load_agent(env.agent)
+        self.tokenizer = tokenizer
+        self.pad_id = pad_id
+        self.server = server
+        self.with_engine_log_probs = with_engine_log_probs
+        self.stop_ids = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
+        self.sessions: list[AgentSession] = []  # the last run's, for its calls and segments
+
+    def run(
+        self, generate: Generate, seeds: Sequence[int], generating_args: GeneratingArguments, base_seed: int
+    ) -> tuple[DataProto, dict[str, float]]:
+        """Play one episode per seed (repeat a seed for a GRPO group); return the batch and the rollout metrics."""
+        self.server.start()
+        queue = GenerationQueue(self.pad_id, self.stop_ids, self.with_engine_log_probs)
+        args = _turn_args(generating_args, base_seed)
+        self.sessions = [self._session(seed, args) for seed in seeds]
+        for session in self.sessions:
+            self.server.open(session, queue)
+        outcomes: list[Outcome] = []
+        plays = [partial(self._play, session) for session in self.sessions]
+        agents = threading.Thread(
+            target=lambda: outcomes.extend(
+                run_with_deadline(plays, self.env.agent_timeout_s, self.env.max_concurrency, "roll-agent")
+            ),
+            name="roll-agents",
+            daemon=True,
+        )
+        agents.start()
+        try:
+            queue.serve(generate, lambda: not agents.is_alive(), lambda: sum(s.running for s in self.sessions))
+        finally:
+            agents.join()
+            for session in self.sessions:
+                self.server.close_session(session.session_id)
+        episodes = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
+        metrics = episode_metrics(episodes) | self._agent_metrics(outcomes)
+        return episodes_batch(episodes, self.env, self.pad_id, self.with_engine_log_probs), metrics
+
+    def _session(self, seed: int, args: GeneratingArguments) -> AgentSession:
+        env = self.env
+        limits = SessionLimits(
+            env.max_observation_tokens, env.max_trajectory_tokens, env.max_turns, args.max_new_tokens
+        )
+        brackets = (env.agent_tool_brackets[0], env.agent_tool_brackets[1]) if env.agent_tool_brackets else None
+        session_id = secrets.token_hex(8)
+        return AgentSession(
+            session_id, seed, self.tokenizer, env.apply_chat_template, self.stop_ids, args, limits, brackets
+        )
+
+    def _play(self, session: AgentSession) -> tuple[str, float, float]:
+        """One episode: reset, the agent, the reward; (task, reward, success)."""
+        session.running = True
+        environment = self.env.make_env()
+        try:
+            task, _ = environment.reset(seed=session.seed)
+            url = self.server.base_url(session.session_id)
+            result = run_agent(self.agent, task, url, self.server.api_key, self.env.agent_timeout_s)
+
+            def score(answer: str) -> tuple[float, float]:
+                _, reward, _, _, info = environment.step(answer)
+                return float(reward), float(info.get(SUCCESS, float(reward > 0)))
+
+            return (task, *as_reward(result, score))
+        finally:
+            session.running = False
+            close = getattr(environment, "close", None)
+            if callable(close):
+                close()
+
+    def _episode(self, session: AgentSession, outcome: Outcome) -> Episode:
+        """The session's trained row as an `Episode`; a failed one marked with its error."""
+        episode = Episode(session.seed)
+        trajectory = session.trajectory()
+        if trajectory is not None:
+            episode.prompt_ids = trajectory.prompt_ids
+            episode.response_ids = trajectory.response_ids
+            episode.loss_mask = trajectory.loss_mask
+            episode.log_probs = trajectory.log_probs if self.with_engine_log_probs else []
+            episode.transcript = [self.tokenizer.decode(trajectory.response_ids, skip_special_tokens=True)]
+        else:
+            episode.prompt_ids = [self.pad_id]
+        episode.counts[TOOL_CALLS] = float(session.tool_calls())
+        error = _failure(outcome, trajectory is not None, self.env.agent_timeout_s)
+        if error:
+            episode.counts[ENV_ERROR] = 1.0
+            episode.error = error
+        else:
+            episode.prompt, reward, episode.success = outcome.value
+            sampled = [i for i, m in enumerate(episode.loss_mask) if m]
+            episode.turn_rewards = [(sampled[-1] if sampled else 0, reward)]
+        episode.done = True
+        return episode
+
+    def _agent_metrics(self, outcomes: list[Outcome]) -> dict[str, float]:
+        count = len(self.sessions)
+        return {
+            "rollout/agent_calls_per_episode": sum(len(s.calls) for s in self.sessions) / count,
+            # Calls that rewrote the history: each started a segment, and the segments before it are not trained.
+            "rollout/agent_new_segments": float(sum(max(len(s.segments) - 1, 0) for s in self.sessions)),
+            "rollout/agent_rejected_calls": float(sum(s.rejected for s in self.sessions)),
+            "rollout/agent_timeouts": float(sum(o.timed_out for o in outcomes)),
+            "rollout/agent_errors": float(sum(o.error is not None for o in outcomes)),
+        }
+
+
+def _turn_args(args: GeneratingArguments, base_seed: int) -> GeneratingArguments:
+    """The rollout's sampling settings, seeded per step (the session adds each call's index)."""
+    return replace(args, num_return_sequences=1, seed=base_seed * TURN_SEED_STRIDE)
+
+
+def _failure(outcome: Outcome, called: bool, timeout_s: float) -> str:
+    """Why an episode is not trained, or "" when it is."""
+    if outcome.timed_out:
+        return f"the agent did not finish within env.agent_timeout_s={timeout_s:g}"
+    if outcome.error is not None:
+        return f"the agent raised {exception_line(outcome.error)}"
+    if not called:
+        return "the agent made no call to the endpoint: nothing to train"
+    return ""

@@ -1,0 +1,66 @@
+"""A user's agent function, named by `env.agent`, called with a task and an `openai` client for the endpoint.
+
+The function is `agent(task, client)`, plain or `async`. A plain one gets an `openai.OpenAI` client, an async
+one an `openai.AsyncOpenAI` client (run in an event loop of its own); both are configured with the episode's
+`base_url` and the run's key, so the agent's own calls need no change. It returns the episode's reward (a
+number) or its final answer (a string), which the environment's `step` then scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from roll.configs.schema import ConfigError
+from roll.utils.imports import import_object
+
+AgentFn = Callable[[Any, Any], Any]
+
+
+def load_agent(dotted: str, field: str = "env.agent") -> AgentFn:
+    """The function `dotted` names, checked to take `(task, client)`; ConfigError naming `field` otherwise."""
+    try:
+        agent = import_object(dotted, field)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not callable(agent):
+        raise ConfigError(f"{field}={dotted} is a {type(agent).__name__}, not a function")
+    try:
+        inspect.signature(agent).bind("task", "client")
+    except TypeError as exc:
+        raise ConfigError(f"{field}={dotted} must take (task, client): {exc}") from exc
+    except ValueError:  # no signature to inspect (a builtin): it is called and fails at run time if wrong
+        pass
+    return agent
+
+
+def run_agent(agent: AgentFn, task: Any, base_url: str, api_key: str, timeout_s: float) -> Any:
+    """`agent(task, client)` with a client of the endpoint (no retries: a failed call is the agent's to handle)."""
+    import openai
+
+    options = {"base_url": base_url, "api_key": api_key, "timeout": timeout_s, "max_retries": 0}
+    if inspect.iscoroutinefunction(agent):
+        return asyncio.run(_run_async(agent, task, options))
+    with openai.OpenAI(**options) as client:
+        return agent(task, client)
+
+
+async def _run_async(agent: AgentFn, task: Any, options: dict[str, Any]) -> Any:
+    import openai
+
+    async with openai.AsyncOpenAI(**options) as client:
+        return await agent(task, client)
+
+
+def as_reward(result: Any, score: Callable[[str], tuple[float, float]]) -> tuple[float, float]:
+    """(reward, success) of what an agent returned: a number is the reward (success when positive), a string
+    the final answer `score` judges; TypeError for anything else."""
+    if isinstance(result, (bool, int, float)):
+        return float(result), float(result > 0)
+    if isinstance(result, str):
+        return score(result)
+    raise TypeError(
+        f"the agent returned {type(result).__name__}; return the reward (a number) or the final answer (a string)"
+    )

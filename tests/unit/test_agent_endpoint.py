@@ -1,0 +1,205 @@
+"""The agent endpoint without Ray: request checks and OpenAI-style errors, tool calls in responses, and episodes of
+agents (`tests/agents.py`) played over HTTP against a scripted engine: ids as sampled, segments, failures."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from roll.configs.schema import ConfigError
+from roll.configs.worker_config import GeneratingArguments
+from roll.models.model_providers import load_tokenizer
+from roll.pipeline.agentic.agent_rollout import AgentRollout
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.chat_api import ApiError, assistant_message, parse_chat_request
+from roll.pipeline.agentic.chat_server import ChatServer
+from roll.pipeline.agentic.generation_queue import GenerationQueue
+from tests import agents
+from tests.unit.test_multi_turn import ScriptedEngine
+
+CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expression": {}}}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer("tiny://qwen2")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {}}, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_a_malformed_request_is_a_400_naming_the_field(body: Any, param: str | None) -> None:
+    with pytest.raises(ApiError) as error:
+        parse_chat_request(body)
+    assert error.value.status == 400 and error.value.param == param
+    assert error.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_request_is_normalised_for_the_chat_template() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "2*3"}'}}
+    request = parse_chat_request(
+        {
+            "model": "any",
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "6"},
+            ],
+            "stop": "\n",
+            "max_completion_tokens": 5,
+            "seed": 3,
+        }
+    )
+    assert request.messages[0] == {"role": "system", "content": "be brief"}
+    assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == {"expression": "2*3"}
+    assert request.stop == ("\n",) and request.max_tokens == 5 and request.seed == 3
+
+
+def test_tool_calls_in_the_sampled_text_become_openai_tool_calls() -> None:
+    request = parse_chat_request({"messages": [{"role": "user", "content": "2*3"}], "tools": [CALC]})
+    hermes = assistant_message(
+        'ok <tool_call>{"name": "calc", "arguments": {"expression": "2*3"}}</tool_call>', request, None
+    )
+    assert hermes["content"] == "ok"
+    (call,) = hermes["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "calc" and json.loads(call["function"]["arguments"]) == {"expression": "2*3"}
+    bracket = assistant_message("<calc 2*3>", request, ("<", ">"))
+    assert bracket["content"] is None
+    assert json.loads(bracket["tool_calls"][0]["function"]["arguments"]) == {"expression": "2*3"}
+    # Without brackets, a malformed call, an unknown tool or tool_choice none: the text stays the content.
+    assert assistant_message("<calc 2*3>", request, None) == {"role": "assistant", "content": "<calc 2*3>"}
+    broken = '<tool_call>{"name": "calc"'
+    assert assistant_message(broken, request, None)["content"] == broken
+    unknown = '<tool_call>{"name": "search", "arguments": {}}</tool_call>'
+    assert "tool_calls" not in assistant_message(unknown, request, None)
+    no_tools = parse_chat_request(
+        {"messages": [{"role": "user", "content": "x"}], "tools": [CALC], "tool_choice": "none"}
+    )
+    assert "tool_calls" not in assistant_message("<calc 2*3>", no_tools, ("<", ">"))
+
+
+def _rollout(tokenizer: Any, agent: str, **env: Any) -> tuple[AgentRollout, ScriptedEngine, ChatServer]:
+    fields = {"max_trajectory_tokens": 24, "max_observation_tokens": 16, "max_turns": 3, "agent_timeout_s": 10.0}
+    args = EnvArguments(name="tests.agents.EchoTask", agent=agent, **(fields | env))
+    server = ChatServer()
+    return AgentRollout(args, tokenizer, pad_id=0, server=server), ScriptedEngine(tokenizer), server
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_calls_that_extend_each_other_train_the_ids_as_sampled(tokenizer: Any) -> None:
+    rollout, engine, server = _rollout(tokenizer, "tests.agents.extending_agent")
+    try:
+        batch, metrics = rollout.run(engine.generate, [5, 5], GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+    xy_eos = engine.sampled
+    prompt, again = _ids(tokenizer, "task 5\n"), _ids(tokenizer, "again\n")
+    # Two waves (both episodes' first calls together, then both second calls); each second call's prompt is the
+    # first call's prompt, its sampled ids and the new user turn: no re-tokenisation.
+    assert [len(seen) for seen, _, _ in engine.calls] == [2, 2]
+    assert engine.calls[1][0] == [prompt + xy_eos + again] * 2
+    assert batch.batch["prompts"][0].tolist() == prompt
+    response = xy_eos + again + xy_eos
+    assert batch.batch["responses"][0, : len(response)].tolist() == response
+    assert batch.batch["response_mask"][0, : len(response)].tolist() == [1] * 3 + [0] * len(again) + [1] * 3
+    # "xy" has an even length: reward 0 on the last sampled token; no episode failed.
+    assert batch.batch["scores"].tolist() == [0.0, 0.0] and batch.batch["reward_failed"].tolist() == [0.0, 0.0]
+    assert metrics["rollout/agent_calls_per_episode"] == 2 and metrics["rollout/agent_new_segments"] == 0
+    for session in rollout.sessions:
+        assert [call.new_segment for call in session.calls] == [True, False]
+
+
+def test_a_rewritten_history_starts_a_new_segment_and_a_hang_or_raise_ends_only_its_episode(tokenizer: Any) -> None:
+    agents.reset()
+    rollout, engine, server = _rollout(tokenizer, "tests.agents.scripted_agent", agent_timeout_s=2.0)
+    failing, _, failing_server = _rollout(tokenizer, "tests.agents.raising_agent")
+    try:
+        started = time.monotonic()
+        batch, metrics = rollout.run(engine.generate, [0] * 3, GeneratingArguments(max_new_tokens=4), base_seed=1)
+        elapsed = time.monotonic() - started
+        raised, raised_metrics = failing.run(engine.generate, [1], GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+        failing_server.close()
+    assert elapsed < 2.0 + 1.5  # the hung agent was abandoned at its timeout
+    sessions = rollout.sessions
+    (hung,) = [s for s in sessions if not s.calls]
+    (rewrote,) = [s for s in sessions if len(s.segments) == 2]
+    (extended,) = [s for s in sessions if len(s.segments) == 1]
+    assert [c.new_segment for c in rewrote.calls] == [True, True]
+    assert [c.new_segment for c in extended.calls] == [True, False]
+    failed = batch.batch["reward_failed"].tolist()
+    assert failed[sessions.index(hung)] == 1.0 and sum(failed) == 1.0
+    assert metrics["rollout/agent_timeouts"] == 1 and metrics["rollout/agent_new_segments"] == 1
+    # The rewritten episode trains its last segment: the summary's prompt and the one call after it.
+    row = sessions.index(rewrote)
+    assert batch.batch["prompts"][row].tolist()[-len(rewrote.calls[1].prompt_ids) :] == rewrote.calls[1].prompt_ids
+    assert "timeout" in batch.non_tensor_batch["env_error"][sessions.index(hung)]
+    assert raised.batch["reward_failed"].tolist() == [1.0] and raised_metrics["rollout/agent_errors"] == 1
+    assert "the agent's own bug" in raised.non_tensor_batch["env_error"][0]
+
+
+def test_an_async_agent_returns_its_reward(tokenizer: Any) -> None:
+    rollout, engine, server = _rollout(tokenizer, "tests.agents.async_agent")
+    try:
+        batch, _ = rollout.run(engine.generate, [2], GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+    assert batch.batch["scores"].tolist() == [0.0] and batch.batch["reward_failed"].tolist() == [0.0]
+
+
+def test_requests_beyond_the_budgets_or_without_a_key_get_json_errors(tokenizer: Any) -> None:
+    rollout, _, server = _rollout(tokenizer, "tests.agents.extending_agent", max_observation_tokens=8)
+    args = GeneratingArguments(max_new_tokens=4)
+    session = rollout._session(0, args)
+    server.start()
+    server.open(session, GenerationQueue(0, set(), False))
+    url = f"{server.base_url(session.session_id)}/chat/completions"
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    too_long = {"messages": [{"role": "user", "content": "a much too long task"}]}
+    try:
+        answers = {
+            "key": httpx.post(url, json=too_long, headers={"Authorization": "Bearer wrong"}),
+            "json": httpx.post(url, content=b"{not json", headers=headers),
+            "long": httpx.post(url, json=too_long, headers=headers),
+            "session": httpx.post(url.replace(session.session_id, "nope"), json=too_long, headers=headers),
+            "path": httpx.post(
+                f"http://{server.host}:{server.port}/v1/chat/completions", json=too_long, headers=headers
+            ),
+        }
+    finally:
+        server.close()
+    codes = {name: (answer.status_code, answer.json()["error"]["code"]) for name, answer in answers.items()}
+    assert codes["key"] == (401, "invalid_api_key")
+    assert codes["json"][0] == 400 and codes["long"] == (400, "context_length_exceeded")
+    assert codes["session"] == (404, "unknown_session") and codes["path"][0] == 404
+    assert session.rejected == 2  # the malformed body and the long one; the others named no open session
+
+
+def test_env_agent_is_checked_at_config_time() -> None:
+    with pytest.raises(ConfigError, match=r"env.agent 'tests.agents.missing' cannot be imported"):
+        EnvArguments(name="tests.agents.EchoTask", agent="tests.agents.missing").validate(4)
+    with pytest.raises(ConfigError, match=r"env.agent=tests.agents.no_client_argument must take \(task, client\)"):
+        EnvArguments(name="tests.agents.EchoTask", agent="tests.agents.no_client_argument").validate(4)
+    with pytest.raises(ConfigError, match=r"env\.num_env_workers=0"):
+        EnvArguments(name="tests.agents.EchoTask", agent="tests.agents.extending_agent", num_env_workers=1).validate(4)
