@@ -3,7 +3,7 @@
 `EchoTask` gives `task <seed>` and scores a final answer by its length's parity (a reward that varies among an
 untrained model's samples). `scripted_agent` makes two calls, the second extending the first; per task, its
 first episode hangs and its second rewrites the history before the second call (`BEHAVIOUR` says which by the
-order the episodes of a task start in; `reset()` forgets it).
+order the episodes of a task start in; `reset()` forgets it); on held-out seeds (`HELD_OUT_FROM` on) it extends.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ HANG_S = 3600.0
 _started: Counter = Counter()
 _lock = threading.Lock()
 BEHAVIOUR = {0: "hang", 1: "rewrite"}  # by the order an episode of a task starts in; the others extend
+HELD_OUT_FROM = 10**6
 
 
 def reset() -> None:
@@ -58,7 +59,8 @@ def scripted_agent(task: str, client: Any) -> str:
     with _lock:
         order = _started[task]
         _started[task] += 1
-    behaviour = BEHAVIOUR.get(order, "extend")
+    held_out = int(task.split()[-1]) >= HELD_OUT_FROM
+    behaviour = "extend" if held_out else BEHAVIOUR.get(order, "extend")
     if behaviour == "hang":
         time.sleep(HANG_S)
     return two_calls(task, client, rewrite=behaviour == "rewrite")

@@ -221,6 +221,7 @@ MESSAGES_RLVR = (
     "pretrain=output/sft_arithmetic_chat_messages/model " + MESSAGES_DATA
 )
 BYO_ENV = "PYTHONPATH=examples/envs roll-agentic --config-name agentic_unit_conversion"
+BYO_AGENT = "PYTHONPATH=examples/agents roll-agentic --config-name agentic_calculator_agent"
 # The one test collection: it lints, collects every test file, lists the tests not marked slow and counts the slow
 # ones it deselects; the other test commands' selections are checked in its output (`Collected`).
 COLLECTION = 'bash scripts/test.sh -m "not slow" --collect-only -q'
@@ -364,6 +365,8 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     },
     # The bring-your-own example: its own two steps from tiny://qwen2, reading and writing nothing else.
     BYO_ENV: Run(BYO_ENV, beside=True),
+    # The agent example: one step and an evaluation of 8 problems from the calculator warm start written above.
+    BYO_AGENT: Run(f"{BYO_AGENT} max_steps=1 eval_steps=1 env.eval_episodes=8", beside=True),
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
     # The messages file encodes to the prompt/answer file's ids (tests/unit/test_messages_dataset.py), which the
     # command above runs through RLVR.

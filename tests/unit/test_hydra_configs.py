@@ -61,6 +61,7 @@ PIPELINE_SCHEMAS = {
     "sft_calculator": SFTConfig,
     "agentic_frozen_lake": RLVRConfig,
     "agentic_unit_conversion": RLVRConfig,
+    "agentic_calculator_agent": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
@@ -152,6 +153,9 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
         return ["devices_per_node=2", "pretrain=tiny://qwen2", f"rewards.math.model_args.model_name_or_path={prm}"]
     if name == "agentic_unit_conversion":  # its command puts examples/envs on the PYTHONPATH; here the repository is
         return ["devices_per_node=2", "env.name=examples.envs.unit_conversion.unit_conversion"]
+    if name == "agentic_calculator_agent":  # its command puts examples/agents on the PYTHONPATH, and a warm start
+        agent = "env.agent=examples.agents.calculator_agent.calculator_agent"
+        return ["devices_per_node=2", "pretrain=tiny://qwen2", agent]
     if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
         rows = "".join(json.dumps(row) + "\n" for row in AGENTIC_TRANSCRIPTS[name]())
         (tmp_path / "train.jsonl").write_text(rows)
