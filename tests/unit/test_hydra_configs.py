@@ -123,7 +123,7 @@ def test_deepspeed_block_composes_and_is_referenced_per_role(block: str) -> None
 
 def test_every_yaml_is_a_block_or_a_known_pipeline() -> None:
     names = {p.stem for p in CONFIG_DIR.glob("*.yaml")}
-    assert names == set(DEEPSPEED_BLOCKS) | set(PIPELINE_SCHEMAS)
+    assert names == set(DEEPSPEED_BLOCKS) | {"fsdp2", "fsdp2_cpuoffload"} | set(PIPELINE_SCHEMAS)
 
 
 AGENTIC_TRANSCRIPTS = {

@@ -10,6 +10,7 @@ backends give the same losses on the same rows. FSDP2 itself is imported inside 
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,11 @@ def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
             f"{role}.model_args.lora_rank={worker_config.model_args.lora_rank}: fsdp2_train does not train LoRA "
             "adapters yet; set lora_rank=0 or use deepspeed_train"
         )
+    if worker_config.strategy_args.offload_device != "cpu":
+        raise ConfigError(
+            f"{role}.strategy_args.offload_device={worker_config.strategy_args.offload_device}: fsdp2_train offloads "
+            "between phases to host memory only; set it to cpu"
+        )
     _check_torch_features(config, where)
     check_schedule(worker_config)
     return config
@@ -102,6 +108,11 @@ def _check_torch_features(config: FSDP2Config, where: str) -> None:
                 f"{field}: torch {torch.__version__} has no torch.distributed.fsdp.{', '.join(missing)} "
                 "(FSDP2 needs torch 2.6 or newer)"
             )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor, or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -248,10 +259,50 @@ class FSDP2TrainStrategy(TrainStrategy):
             return math.nan
         max_norm = self.worker_config.training_args.max_grad_norm
         norm = torch.nn.utils.get_total_norm(grads)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor over the mesh
         if max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+            # On each rank's shard: torch's clip_grads_with_norm_ left DTensor gradients unscaled (torch 2.13, gloo).
+            scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            for grad in grads:
+                _local(grad).mul_(scale.to(_local(grad).device))
         return norm.item()
+
+    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Move the parameter shards (with their gradients) and AdamW's states to host memory (all when `include`
+        is None; kinds as DeepSpeed names them: `model_params`, `optimizer_states`)."""
+        return self._move_states(torch.device("cpu"), "offload", include) if self.offload_moves_states() else {}
+
+    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Bring offloaded states back to the device."""
+        return self._move_states(self.device, "reload", include) if self.offload_moves_states() else {}
+
+    def offload_moves_states(self) -> bool:
+        """Only on an accelerator without `cpu_offload`: elsewhere the states already live in host memory."""
+        return self.worker.platform.is_accelerator and not self.config.cpu_offload
+
+    def _move_states(self, device: torch.device, action: str, include: set[str] | None) -> dict[str, float]:
+        """Move the `include`d state kinds to `device`; metrics as DeepSpeed's offload reports them."""
+        start = time.perf_counter()
+        kinds = include or {"model_params", "optimizer_states"}
+        moved = dict.fromkeys(sorted(kinds), 0)
+        if "model_params" in kinds:
+            # FSDP2 re-points its sharded parameters at the moved tensors (FSDPModule._apply), gradients included.
+            tensors = [p for p in self.model.parameters()] + [
+                p.grad for p in self.model.parameters() if p.grad is not None
+            ]
+            moved["model_params"] = sum(_local(t).nbytes for t in tensors if _local(t).device != device)
+            self.model.to(device)
+        if "optimizer_states" in kinds:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and _local(value).device != device:
+                        moved["optimizer_states"] += _local(value).nbytes
+                        state[key] = value.to(device)
+        if action == "offload":
+            self.worker.platform.empty_cache()
+        metrics = {f"offload_states/{action}/moved_bytes/{kind}": float(n) for kind, n in moved.items()}
+        metrics[f"offload_states/{action}/seconds"] = time.perf_counter() - start
+        return metrics
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight in full by Hugging Face name, in the role's dtype: each gathered from the ranks' shards (every

@@ -1,0 +1,159 @@
+"""fsdp2_train against deepspeed_train at ZeRO-3, both on 2 CPU ranks over gloo: the same rows give the same losses.
+
+One run per backend of the real actor (`ActorWorker`): three RLVR actor updates (the PPO loss, token-mean over the
+global step, rows of different lengths on the two ranks), then three SFT updates, then the HF export. FSDP2's run
+also saves a checkpoint after the RLVR updates and, in a second cluster, resumes from it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
+from roll.distributed.executor.cluster import Cluster
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.models.tiny import make_tiny_model
+from roll.platforms import get_platform
+from tests.conftest import CONFIG_DIR
+from tests.padded_rollouts import padded_rollout
+from tests.worker_pool import HostPool
+
+WORKER = "roll.pipeline.base.rl_workers.ActorWorker"
+BLOCKS = {
+    name: yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())[name] for name in ("deepspeed_zero3", "fsdp2")
+}
+BACKENDS = {"deepspeed_zero3": "deepspeed_train", "fsdp2": "fsdp2_train"}
+ALGORITHM = AlgorithmArguments(loss_agg_mode="token-mean")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
+    yield manager
+    manager.destroy()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def rollout() -> DataProto:
+    """16 rollout rows; rank 0's 8 are short and rank 1's long, so the global-step normalisation matters."""
+    prompt_lengths = [1, 2, 1, 3, 2, 1, 2, 1, 6, 5, 6, 4, 6, 5, 6, 3]
+    response_lengths = [2, 1, 3, 1, 2, 4, 1, 2, 10, 9, 7, 10, 8, 10, 6, 9]
+    tensors, generator = padded_rollout(prompt_lengths, response_lengths, (6, 10), vocab=60, seed=5)
+    tensors["advantages"] = torch.randn(16, 10, generator=generator) * tensors["response_mask"]
+    tensors["old_log_probs"] = -4.0 + 0.3 * torch.randn(16, 10, generator=generator)
+    return DataProto.from_dict(tensors=tensors)
+
+
+def start(pool: HostPool, manager: ResourceManager, model_path: str, block: str) -> Cluster:
+    """The actor on `block`'s backend over both device slots: 4 rows a rank per optimizer step (2 x 2)."""
+    config = WorkerConfig(
+        worker_cls=WORKER,
+        device_mapping="0-1",
+        infer_batch_size=4,
+        model_args=ModelArguments(model_name_or_path=model_path, dtype="fp32"),
+        strategy_args=StrategyArguments(strategy_name=BACKENDS[block], strategy_config=copy.deepcopy(BLOCKS[block])),
+        training_args=TrainingArguments(
+            learning_rate=2e-3, per_device_train_batch_size=2, gradient_accumulation_steps=2
+        ),
+    )
+    config.resolve("actor_train", manager.total_devices)
+    cluster = pool.start(WORKER, config, manager)
+    cluster.initialize()
+    return cluster
+
+
+def global_loss(results: list[dict[str, float]]) -> float:
+    """The loss every rank reports (the mean over the ranks)."""
+    assert len({round(r["loss"], 12) for r in results}) == 1
+    return results[0]["loss"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One backend's losses (and the actor's gradient norms before clipping) on the same rows, and where its
+    checkpoint and export went."""
+
+    actor_losses: list[float]
+    actor_grad_norms: list[float]
+    sft_losses: list[float]
+    export_dir: Path
+    checkpoint_dir: Path
+
+
+def run(pool: HostPool, manager: ResourceManager, model_path: str, rollout: DataProto, block: str, out: Path) -> Run:
+    cluster = start(pool, manager, model_path, block)
+    try:
+        actor = [cluster.train_step(rollout, ALGORITHM)[0] for _ in range(3)]
+        if block == "fsdp2":
+            assert cluster.save_checkpoint(str(out / "checkpoints"), "rl3") == [str(out / "checkpoints" / "rl3")] * 2
+            assert cluster.offload_moves_states() == [False, False]  # host memory already holds every state on CPU
+        sft = [global_loss(cluster.sft_step(rollout)) for _ in range(3)]
+        cluster.export_hf(str(out / "hf"))
+    finally:
+        cluster.shutdown()
+    return Run([m["loss"] for m in actor], [m["grad_norm"] for m in actor], sft, out / "hf", out / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def runs(
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    rollout: DataProto,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Run]:
+    return {
+        block: run(host_pool, resource_manager, model_path, rollout, block, tmp_path_factory.mktemp(block))
+        for block in BLOCKS
+    }
+
+
+def test_rlvr_actor_and_sft_losses_equal_zero3(runs: dict[str, Run]) -> None:
+    zero3, fsdp2 = runs["deepspeed_zero3"], runs["fsdp2"]
+    assert fsdp2.actor_losses == pytest.approx(zero3.actor_losses, rel=1e-5)
+    # Above max_grad_norm=1 in every call: the clipping is part of what must agree.
+    assert fsdp2.actor_grad_norms == pytest.approx(zero3.actor_grad_norms, rel=1e-5)
+    assert min(fsdp2.actor_grad_norms) > 1
+    assert fsdp2.sft_losses == pytest.approx(zero3.sft_losses, rel=1e-5)
+    assert fsdp2.sft_losses[-1] < fsdp2.sft_losses[0]  # it learns
+
+
+def test_export_holds_the_trained_full_weights(runs: dict[str, Run], model_path: str) -> None:
+    zero3, fsdp2 = (
+        load_file(runs["deepspeed_zero3"].export_dir / "model.safetensors"),
+        load_file(runs["fsdp2"].export_dir / "model.safetensors"),
+    )
+    original = load_file(Path(model_path) / "model.safetensors")
+    assert fsdp2.keys() == zero3.keys() == original.keys()
+    for name, tensor in fsdp2.items():
+        assert tensor.shape == original[name].shape and tensor.dtype == original[name].dtype, name
+        torch.testing.assert_close(tensor, zero3[name], atol=2e-4, rtol=1e-3, msg=name)
+    assert not torch.equal(fsdp2["lm_head.weight"], original["lm_head.weight"])
+
+
+def test_resume_continues_exactly(
+    host_pool: HostPool, resource_manager: ResourceManager, model_path: str, rollout: DataProto, runs: dict[str, Run]
+) -> None:
+    cluster = start(host_pool, resource_manager, model_path, "fsdp2")
+    try:
+        cluster.load_checkpoint(str(runs["fsdp2"].checkpoint_dir))
+        resumed = global_loss(cluster.sft_step(rollout))
+    finally:
+        cluster.shutdown()
+    assert resumed == pytest.approx(runs["fsdp2"].sft_losses[0], rel=1e-6)
