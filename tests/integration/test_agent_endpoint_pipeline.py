@@ -1,0 +1,154 @@
+"""Agents through the OpenAI-compatible endpoint with real Ray and a real engine (hf_infer, a tiny policy): one
+RLVR step of `tests.agents.scripted_agent` episodes, then one more batch played by the same pipeline's actor_infer
+with every engine call recorded, which the tests below read."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from roll.algorithms.reward_shaping import group_index_from_repeat
+from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.agentic.agent_session import AgentSession
+from roll.pipeline.agentic.env_rollout import cluster_generate
+from roll.pipeline.rlvr import phases
+from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from roll.pipeline.rlvr.rollout import compute_advantages
+from tests import agents
+from tests.pipeline_runs import logged_metrics
+from tests.rlvr_runs import small_policy_config
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 4.0
+GROUP = 4
+
+
+@dataclass
+class AgentRun:
+    """The metrics rows of the step, and the recorded batch: its sessions, the engine's (prompt, sampled) rows."""
+
+    rows: list[dict]
+    batch: DataProto
+    metrics: dict[str, float]
+    sessions: list[AgentSession]
+    engine_rows: list[tuple[list[int], list[int]]]
+    elapsed_s: float
+    algorithm: Any
+
+
+@pytest.fixture(scope="module")
+def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> AgentRun:
+    output = tmp_path_factory.mktemp("agent_endpoint")
+    config = small_policy_config(
+        "agentic_calculator_agent",
+        output,
+        "max_steps=1",
+        "eval_steps=1",
+        "env.eval_episodes=4",
+        "env.name=tests.agents.EchoTask",
+        "~env.kwargs",
+        "env.agent=tests.agents.scripted_agent",
+        f"env.agent_timeout_s={TIMEOUT_S}",
+        "env.max_observation_tokens=16",
+        "env.max_trajectory_tokens=24",
+        "actor_infer.generating_args.max_new_tokens=4",
+    )
+    agents.reset()
+    pipeline = RLVRPipeline(config)
+    try:
+        pipeline.run()
+        pipeline.sync_weights()
+        pipeline.residency.enter(phases.GENERATE)
+        generate, engine_rows = cluster_generate(pipeline.clusters["actor_infer"]), []
+
+        def recording(request: DataProto, args: Any) -> DataProto:
+            out = generate(request, args)
+            for row, mask, response, length in zip(
+                request.batch["input_ids"],
+                request.batch["attention_mask"].bool(),
+                out.batch["responses"],
+                out.batch["response_mask"].sum(-1),
+                strict=True,
+            ):
+                engine_rows.append((row[mask].tolist(), response[: int(length)].tolist()))
+            return out
+
+        agents.reset()
+        rollout = pipeline.env_rollouts.rollout
+        started = time.monotonic()
+        batch, metrics = rollout.run(recording, [0] * GROUP + [1] * GROUP, config.actor_infer.generating_args, 9)
+        elapsed = time.monotonic() - started
+    finally:
+        pipeline.shutdown()
+    return AgentRun(
+        logged_metrics(config.run_dir), batch, metrics, rollout.sessions, engine_rows, elapsed, config.algorithm
+    )
+
+
+def test_a_step_of_agent_episodes_trains(agent_run: AgentRun) -> None:
+    step = agent_run.rows[1]
+    assert step["step"] == 1 and "actor/loss" in step
+    # Per task, one episode hung and one rewrote its history; the others made two calls each.
+    assert step["rollout/agent_timeouts"] == 4 and step["rollout/reward_failed"] == 4
+    assert step["rollout/agent_new_segments"] == 4 and step["rollout/agent_rejected_calls"] == 0
+    assert 0 <= agent_run.rows[-1]["val/accuracy"] <= 1
+
+
+def test_the_ids_trained_are_the_ids_the_engine_sampled_call_by_call(agent_run: AgentRun) -> None:
+    batch = agent_run.batch.batch
+    trained = 0
+    for row, session in enumerate(agent_run.sessions):
+        if not session.calls:
+            continue
+        for call in session.calls:
+            assert (call.prompt_ids, call.choices[0].sample.ids) in agent_run.engine_rows
+        prompt_width = batch["prompts"].shape[1]
+        prompt = batch["prompts"][row][batch["attention_mask"][row, :prompt_width].bool()].tolist()
+        width = batch["responses"].shape[1]
+        response_mask = batch["response_mask"][row].tolist()
+        response = batch["responses"][row, : sum(batch["attention_mask"][row, -width:].tolist())].tolist()
+        ids = prompt + response
+        last_segment = [call for call in session.calls if call.new_segment][-1]
+        calls = session.calls[session.calls.index(last_segment) :]
+        for call in calls:
+            start = len(call.prompt_ids)
+            sampled = call.choices[0].sample.ids
+            assert ids[:start] == call.prompt_ids  # the engine was given the trained ids before it
+            assert ids[start : start + len(sampled)] == sampled
+            offset = start - len(prompt)
+            assert response_mask[offset : offset + len(sampled)] == [1] * len(sampled)
+        assert sum(response_mask) == sum(len(call.choices[0].sample.ids) for call in calls)
+        trained += 1
+    assert trained == 2 * (GROUP - 1)
+
+
+def test_a_rewritten_history_starts_a_new_segment(agent_run: AgentRun) -> None:
+    rewritten = [s for s in agent_run.sessions if len(s.segments) == 2]
+    assert len(rewritten) == 2 and agent_run.metrics["rollout/agent_new_segments"] == 2
+    for session in rewritten:
+        first, second = session.calls
+        assert second.new_segment and second.prompt_ids[: len(first.prompt_ids)] != first.prompt_ids
+
+
+def test_a_hanging_agent_ends_only_its_episode_within_its_timeout(agent_run: AgentRun) -> None:
+    failed = agent_run.batch.batch["reward_failed"].tolist()
+    hung = [row for row, session in enumerate(agent_run.sessions) if not session.calls]
+    assert [row for row, f in enumerate(failed) if f] == hung and len(hung) == 2
+    assert agent_run.metrics["rollout/agent_timeouts"] == 2
+    assert agent_run.elapsed_s < TIMEOUT_S + 10  # the engine's waves meanwhile took the rest
+
+
+def test_a_failed_episode_changes_no_other_group_members_advantage(agent_run: AgentRun) -> None:
+    batch, failed = agent_run.batch, agent_run.batch.batch["reward_failed"].bool()
+    group_index = group_index_from_repeat(2, GROUP, interleave=True)
+    every_row = torch.arange(len(batch))  # indexing copies: compute_advantages zeroes a failed row's mask in place
+    with_failed, _ = compute_advantages(batch[every_row], group_index, agent_run.algorithm, 0.0, failed)
+    kept = torch.nonzero(~failed).flatten()
+    without, _ = compute_advantages(batch[kept], group_index[kept], agent_run.algorithm, 0.0)
+    assert torch.allclose(with_failed.batch["advantages"][kept], without.batch["advantages"])
+    assert with_failed.batch["advantages"][failed].abs().sum() == 0
