@@ -10,7 +10,8 @@ text), `answer` the next action (SFT appends EOS). Writes train.jsonl and eval.j
 
 - guess_number: bisection against every secret in 1..n (train.jsonl holds each row `--copies` times).
 - calculator: multiplication problems from seeds 0.. (eval from seeds after them, still below the RL recipe's
-  held-out seeds), a `--tool-share` of them solved with `<calc a*b>` and the others answered directly.
+  held-out seeds), a `--tool-share` of them solved with `<calc a*b>` and the others answered directly; with
+  `--system`, each after an agent's system prompt (examples/agents/calculator_agent.py's warm start).
 - frozen_lake: non-slippery random 4x4 maps from seeds 0.. (eval from seeds after them), played by a shortest-path
   expert that takes a random move with probability `--epsilon` (the rows hold the moves taken).
 """
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tool-share", type=float, default=0.3, help="calculator: share of problems using the tool")
     parser.add_argument("--min-digits", type=int, default=2, help="calculator: env.kwargs.min_digits")
     parser.add_argument("--max-digits", type=int, default=2, help="calculator: env.kwargs.max_digits")
+    parser.add_argument(
+        "--system", default="", help="calculator: an agent's system prompt, on a line before each problem"
+    )
     parser.add_argument("--epsilon", type=float, default=0.5, help="frozen_lake: the expert's random-move rate")
     parser.add_argument("--max-turns", type=int, default=10, help="frozen_lake: env.kwargs.max_turns")
     return parser
@@ -57,7 +61,7 @@ def transcripts(args: argparse.Namespace) -> dict[str, list[dict[str, str]]]:
         seeds = range(first, first + count)
         if args.task == "frozen_lake":
             return noisy_expert_rows(seeds, args.epsilon, args.eos, args.max_turns)
-        return tool_use_rows(seeds, args.tool_share, args.eos, args.min_digits, args.max_digits)
+        return tool_use_rows(seeds, args.tool_share, args.eos, args.min_digits, args.max_digits, args.system)
 
     return {"train.jsonl": rows(0, args.problems), "eval.jsonl": rows(args.problems, args.eval_problems)}
 

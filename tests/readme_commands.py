@@ -221,6 +221,13 @@ MESSAGES_RLVR = (
     "pretrain=output/sft_arithmetic_chat_messages/model " + MESSAGES_DATA
 )
 BYO_ENV = "PYTHONPATH=examples/envs roll-agentic --config-name agentic_unit_conversion"
+AGENT_SFT_DATA = (
+    "python scripts/make_agentic_sft_data.py calculator --system Multiply. --output-dir data/calculator_agent_sft"
+)
+AGENT_SFT = (
+    "roll-sft --config-name sft_calculator exp_name=sft_calculator_agent "
+    "data.train_file=data/calculator_agent_sft/train.jsonl data.eval_file=data/calculator_agent_sft/eval.jsonl"
+)
 BYO_AGENT = "PYTHONPATH=examples/agents roll-agentic --config-name agentic_calculator_agent"
 # The one test collection: it lints, collects every test file, lists the tests not marked slow and counts the slow
 # ones it deselects; the other test commands' selections are checked in its output (`Collected`).
@@ -365,7 +372,10 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     },
     # The bring-your-own example: its own two steps from tiny://qwen2, reading and writing nothing else.
     BYO_ENV: Run(BYO_ENV, beside=True),
-    # The agent example: one step and an evaluation of 8 problems from the calculator warm start written above.
+    # The agent example: its transcripts, a two-step warm start on them and one RL step through the endpoint with an
+    # evaluation of 8 problems, reading and writing nothing else.
+    AGENT_SFT_DATA: Run(AGENT_SFT_DATA, beside=True),
+    AGENT_SFT: Run(f"{AGENT_SFT} max_steps=2 eval_steps=2", beside=True),
     BYO_AGENT: Run(f"{BYO_AGENT} max_steps=1 eval_steps=1 env.eval_episodes=8", beside=True),
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
     # The messages file encodes to the prompt/answer file's ids (tests/unit/test_messages_dataset.py), which the

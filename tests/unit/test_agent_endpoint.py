@@ -203,3 +203,19 @@ def test_env_agent_is_checked_at_config_time() -> None:
         EnvArguments(name="tests.agents.EchoTask", agent="tests.agents.no_client_argument").validate(4)
     with pytest.raises(ConfigError, match=r"env\.num_env_workers=0"):
         EnvArguments(name="tests.agents.EchoTask", agent="tests.agents.extending_agent", num_env_workers=1).validate(4)
+
+
+def test_the_agent_warm_start_holds_the_ids_the_endpoint_gives_the_calculator_agent(tokenizer: Any) -> None:
+    """`make_agentic_sft_data.py calculator --system` rows encode to the endpoint's ids of the example agent's calls
+    without a chat template: its system prompt and task, then the call, its EOS and the tool's answer."""
+    from examples.agents.calculator_agent import CALC, SYSTEM
+    from roll.envs.builtin.arithmetic import tool_use_rows
+    from roll.pipeline.agentic.observations import ObservationEncoder
+
+    call, answer = tool_use_rows([0], 1.0, tokenizer.eos_token, 2, 2, system=SYSTEM)
+    encoder = ObservationEncoder(tokenizer, chat_template=False, tools=[CALC])
+    first = encoder.conversation([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "15*43=?"}])
+    assert _ids(tokenizer, call["prompt"]) == first
+    sampled = [*_ids(tokenizer, call["answer"]), tokenizer.eos_token_id]
+    tool_turn = encoder.next_messages([{"role": "tool", "content": "645"}], action_end=tokenizer.eos_token)
+    assert _ids(tokenizer, answer["prompt"]) == first + sampled + tool_turn

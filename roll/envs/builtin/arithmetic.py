@@ -73,14 +73,15 @@ def calculator_arithmetic(
 
 
 def tool_use_rows(
-    seeds: Sequence[int], tool_share: float, eos: str, min_digits: int = 2, max_digits: int = 3
+    seeds: Sequence[int], tool_share: float, eos: str, min_digits: int = 2, max_digits: int = 3, system: str = ""
 ) -> list[dict[str, str]]:
     """SFT rows of calculator_arithmetic episodes as the multi-turn rollout tokenises them without a chat template.
 
     The first `round(tool_share * len(seeds))` problems are solved with the tool: a row asking for the call
     `<calc a*b>`, then a row whose prompt holds the call, `eos` as text and the tool's answer, asking for the
     product. The others are answered directly with the product, which a tiny model cannot compute: the warm
-    start knows both moves and leaves RL to find that the tool pays.
+    start knows both moves and leaves RL to find that the tool pays. A `system` prompt goes first, on a line of its
+    own, as the agent endpoint renders an agent's system message without a chat template.
     """
     rows = []
     env = MultiplicationEnv(min_digits, max_digits)
@@ -88,7 +89,7 @@ def tool_use_rows(
     for index, seed in enumerate(seeds):
         observation, _ = env.reset(seed)
         a, b = env.operands
-        prompt = observation + "\n"
+        prompt = (f"{system}\n" if system else "") + observation + "\n"
         if index < with_tool:
             call = f"<calc {a}*{b}>"
             rows.append({"prompt": prompt, "answer": call})

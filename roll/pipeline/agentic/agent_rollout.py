@@ -85,6 +85,7 @@ class AgentRollout:
                 self.server.close_session(session.session_id)
         episodes = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
         metrics = episode_metrics(episodes) | self._agent_metrics(outcomes)
+        metrics.pop("rollout/tool_success_rate")  # the agent runs its tools: the endpoint cannot tell how they went
         return episodes_batch(episodes, self.env, self.pad_id, self.with_engine_log_probs), metrics
 
     def _session(self, seed: int, args: GeneratingArguments) -> AgentSession:
