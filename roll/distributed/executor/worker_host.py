@@ -8,9 +8,9 @@ weight sync between two roles of one host hands each bucket over in memory (no c
 object store).
 
 Roles join a group only when that is safe in one process: the same devices, slots per worker and
-environment, strategies that run in-process (hf_infer, DeepSpeed; engines such as vLLM start
+environment, strategies that run in-process (hf_infer, DeepSpeed, FSDP2; engines such as vLLM start
 processes of their own and stay apart), at most one role that forms a torch process group (the
-DeepSpeed ones), and no ZeRO-3 role, whose model loading switches transformers' process-wide
+DeepSpeed and FSDP2 ones), and no ZeRO-3 role, whose model loading switches transformers' process-wide
 ZeRO-3 mode on.
 
 A host outlives its roles when `remove` takes them out one by one (tests reuse hosts this way); `leftovers` then
