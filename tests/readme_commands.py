@@ -211,6 +211,10 @@ MESSAGES_DATA = (
     "data.prompt_key=messages data.train_file=data/gsm8k_format/train_messages.jsonl "
     "data.eval_file=data/gsm8k_format/test_messages.jsonl"
 )
+FSDP2_DRY_RUN = (
+    "roll-sft dry_run=true actor_train.strategy_args.strategy_name=fsdp2_train "
+    "'actor_train.strategy_args.strategy_config=${fsdp2}'"
+)
 AUTOTP_DRY_RUN = (
     "roll-sft dry_run=true +actor_train.strategy_args.strategy_config.tensor_parallel.autotp_size=2 "
     "actor_train.training_args.gradient_accumulation_steps=2"
@@ -353,6 +357,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     # The sweep above is a dry run here; tests/integration/test_entry_points.py reports on a real one.
     "roll-sweep-report output/rlvr": Run("roll-sweep-report output/rlvr --help", beside=True),
     AUTOTP_DRY_RUN: Run(AUTOTP_DRY_RUN, beside=True),
+    FSDP2_DRY_RUN: Run(FSDP2_DRY_RUN, beside=True),
     "python scripts/make_gsm8k_format_data.py": Run("python scripts/make_gsm8k_format_data.py"),
     "roll-sft --config-name sft_arithmetic_chat": Run(
         "roll-sft --config-name sft_arithmetic_chat max_steps=2 eval_steps=2"
