@@ -2,7 +2,8 @@
 
 One run per backend of the real actor (`ActorWorker`): three RLVR actor updates (the PPO loss, token-mean over the
 global step, rows of different lengths on the two ranks), then three SFT updates, then the HF export. FSDP2's run
-also saves a checkpoint after the RLVR updates and, in a second cluster, resumes from it.
+also saves a checkpoint after the RLVR updates and offloads its states to disk and back; a second cluster resumes
+from the checkpoint.
 """
 
 from __future__ import annotations
@@ -60,14 +61,20 @@ def rollout() -> DataProto:
     return DataProto.from_dict(tensors=tensors)
 
 
-def start(pool: HostPool, manager: ResourceManager, model_path: str, block: str) -> Cluster:
-    """The actor on `block`'s backend over both device slots: 4 rows a rank per optimizer step (2 x 2)."""
+def start(pool: HostPool, manager: ResourceManager, model_path: str, block: str, offload_dir: str = "") -> Cluster:
+    """The actor on `block`'s backend over both device slots: 4 rows a rank per optimizer step (2 x 2); with
+    `offload_dir`, phase offloading moves its states to a spill file there."""
     config = WorkerConfig(
         worker_cls=WORKER,
         device_mapping="0-1",
         infer_batch_size=4,
         model_args=ModelArguments(model_name_or_path=model_path, dtype="fp32"),
-        strategy_args=StrategyArguments(strategy_name=BACKENDS[block], strategy_config=copy.deepcopy(BLOCKS[block])),
+        strategy_args=StrategyArguments(
+            strategy_name=BACKENDS[block],
+            strategy_config=copy.deepcopy(BLOCKS[block]),
+            offload_device="nvme" if offload_dir else "cpu",
+            offload_dir=offload_dir,
+        ),
         training_args=TrainingArguments(
             learning_rate=2e-3, per_device_train_batch_size=2, gradient_accumulation_steps=2
         ),
@@ -97,17 +104,30 @@ class Run:
 
 
 def run(pool: HostPool, manager: ResourceManager, model_path: str, rollout: DataProto, block: str, out: Path) -> Run:
-    cluster = start(pool, manager, model_path, block)
+    cluster = start(pool, manager, model_path, block, str(out / "spill") if block == "fsdp2" else "")
     try:
         actor = [cluster.train_step(rollout, ALGORITHM)[0] for _ in range(3)]
         if block == "fsdp2":
             assert cluster.save_checkpoint(str(out / "checkpoints"), "rl3") == [str(out / "checkpoints" / "rl3")] * 2
-            assert cluster.offload_moves_states() == [False, False]  # host memory already holds every state on CPU
+            offload_round_trip(cluster, rollout)
         sft = [global_loss(cluster.sft_step(rollout)) for _ in range(3)]
         cluster.export_hf(str(out / "hf"))
     finally:
         cluster.shutdown()
     return Run([m["loss"] for m in actor], [m["grad_norm"] for m in actor], sft, out / "hf", out / "checkpoints")
+
+
+def offload_round_trip(cluster: Cluster, rollout: DataProto) -> None:
+    """Offload every state to the spill file and back between the RLVR and SFT updates: the log-probs are bit for bit
+    the same after, and the SFT updates that follow (AdamW's states included) still equal ZeRO-3's."""
+    log_probs = cluster.compute_log_probs(rollout).batch["log_probs"]
+    assert cluster.offload_moves_states() == [True, True]
+    for metrics in cluster.offload_states():
+        assert metrics["offload_states/offload/moved_bytes/model_params"] > 0
+        assert metrics["offload_states/offload/moved_bytes/optimizer_states"] > 0
+    for metrics in cluster.load_states():
+        assert metrics["offload_states/reload/moved_bytes/optimizer_states"] > 0
+    assert torch.equal(cluster.compute_log_probs(rollout).batch["log_probs"], log_probs)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ backends give the same losses on the same rows. FSDP2 itself is imported inside 
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from roll.configs.fsdp2_config import DEEPSPEED_ONLY_KEYS, FSDP2Config
 from roll.configs.schema import ConfigError, from_dict
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.strategy.fsdp2_offload import StateOffloader
 from roll.distributed.strategy.hf_compute import (
     forward_in_micro_batches,
     generate_in_micro_batches,
@@ -79,11 +79,6 @@ def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
         raise ConfigError(
             f"{role}.model_args.lora_rank={worker_config.model_args.lora_rank}: fsdp2_train does not train LoRA "
             "adapters yet; set lora_rank=0 or use deepspeed_train"
-        )
-    if worker_config.strategy_args.offload_device != "cpu":
-        raise ConfigError(
-            f"{role}.strategy_args.offload_device={worker_config.strategy_args.offload_device}: fsdp2_train offloads "
-            "between phases to host memory only; set it to cpu"
         )
     _check_torch_features(config, where)
     check_schedule(worker_config)
@@ -175,6 +170,7 @@ class FSDP2TrainStrategy(TrainStrategy):
         self.optimizer = torch.optim.AdamW(groups, **hyper)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args))
         self.global_step = 0
+        self.offloader = StateOffloader()
 
     def _device_mesh(self) -> Any:
         """The role's ranks as one shard dimension, or (replicate, shard) when `shard_size` is below their count."""
@@ -268,41 +264,37 @@ class FSDP2TrainStrategy(TrainStrategy):
         return norm.item()
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Move the parameter shards (with their gradients) and AdamW's states to host memory (all when `include`
-        is None; kinds as DeepSpeed names them: `model_params`, `optimizer_states`)."""
-        return self._move_states(torch.device("cpu"), "offload", include) if self.offload_moves_states() else {}
+        """Move the parameter shards, gradients and AdamW's states (all kinds when `include` is None) off the device:
+        to host memory, or with `offload_device=nvme` to a spill file under `offload_dir` (`fsdp2_offload.py`)."""
+        if not self.offload_moves_states():
+            return {}
+        params = list(self.model.parameters())
+        states = {
+            "model_params": [_local(p) for p in params],
+            "grads": [_local(p.grad) for p in params if p.grad is not None],
+            "optimizer_states": [
+                _local(value)
+                for state in self.optimizer.state.values()
+                for value in state.values()
+                if isinstance(value, torch.Tensor)
+            ],
+        }
+        args = self.worker_config.strategy_args
+        states = {kind: tensors for kind, tensors in states.items() if include is None or kind in include}
+        metrics = self.offloader.offload(states, args.offload_device, args.offload_dir)
+        self.worker.platform.empty_cache()
+        return metrics
 
     def load_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Bring offloaded states back to the device."""
-        return self._move_states(self.device, "reload", include) if self.offload_moves_states() else {}
+        """Bring every offloaded state back to its device, bit for bit."""
+        return self.offloader.reload() if self.offload_moves_states() else {}
 
     def offload_moves_states(self) -> bool:
-        """Only on an accelerator without `cpu_offload`: elsewhere the states already live in host memory."""
+        """On an accelerator (unless `cpu_offload` keeps the states in host memory already), and to NVMe anywhere;
+        on a CPU platform offloading to host memory would move nothing."""
+        if self.worker_config.strategy_args.offload_device == "nvme":
+            return True
         return self.worker.platform.is_accelerator and not self.config.cpu_offload
-
-    def _move_states(self, device: torch.device, action: str, include: set[str] | None) -> dict[str, float]:
-        """Move the `include`d state kinds to `device`; metrics as DeepSpeed's offload reports them."""
-        start = time.perf_counter()
-        kinds = include or {"model_params", "optimizer_states"}
-        moved = dict.fromkeys(sorted(kinds), 0)
-        if "model_params" in kinds:
-            # FSDP2 re-points its sharded parameters at the moved tensors (FSDPModule._apply), gradients included.
-            tensors = [p for p in self.model.parameters()] + [
-                p.grad for p in self.model.parameters() if p.grad is not None
-            ]
-            moved["model_params"] = sum(_local(t).nbytes for t in tensors if _local(t).device != device)
-            self.model.to(device)
-        if "optimizer_states" in kinds:
-            for state in self.optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and _local(value).device != device:
-                        moved["optimizer_states"] += _local(value).nbytes
-                        state[key] = value.to(device)
-        if action == "offload":
-            self.worker.platform.empty_cache()
-        metrics = {f"offload_states/{action}/moved_bytes/{kind}": float(n) for kind, n in moved.items()}
-        metrics[f"offload_states/{action}/seconds"] = time.perf_counter() - start
-        return metrics
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight in full by Hugging Face name, in the role's dtype: each gathered from the ranks' shards (every
@@ -355,6 +347,8 @@ class FSDP2TrainStrategy(TrainStrategy):
 
     def shutdown(self) -> None:
         """Drop the model and optimizer and leave the process group, so another role can start in this process."""
+        if hasattr(self, "offloader"):  # not when initialize failed before building it
+            self.offloader.close()
         self.model = self.optimizer = self.scheduler = None
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
