@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from roll.configs.worker_config import GeneratingArguments, TrainingArguments, WorkerConfig
+from roll.configs.worker_config import TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.rank_layout import rank_layout
 from roll.distributed.strategy.deepspeed_config import (
@@ -25,15 +25,10 @@ from roll.distributed.strategy.deepspeed_config import (
     tensor_parallel_size,
     zero_stage,
 )
-from roll.distributed.strategy.hf_compute import (
-    forward_in_micro_batches,
-    generate_in_micro_batches,
-    optimizer_step_losses,
-)
+from roll.distributed.strategy.hf_compute import ShardedModelCompute, optimizer_step_losses
 from roll.distributed.strategy.micro_batches import DataParallel, token_budget
 from roll.distributed.strategy.strategy import (
     ForwardFunc,
-    Generation,
     InferenceStrategy,
     ModelProvider,
     TrainStrategy,
@@ -41,7 +36,6 @@ from roll.distributed.strategy.strategy import (
 from roll.distributed.strategy.training import (
     adamw_groups,
     enable_gradient_checkpointing,
-    max_over_ranks,
     mean_over_ranks,
     rows_per_step,
     seed_everything,
@@ -56,7 +50,7 @@ if TYPE_CHECKING:
     import deepspeed
 
 
-class DeepSpeedInferStrategy(InferenceStrategy):
+class DeepSpeedInferStrategy(ShardedModelCompute, InferenceStrategy):
     """A ZeRO-3 inference-only engine: parameters partitioned over ranks, gathered per forward."""
 
     strategy_name = "deepspeed_infer"
@@ -137,38 +131,10 @@ class DeepSpeedInferStrategy(InferenceStrategy):
         """The Hugging Face model inside the engine."""
         return self.engine.module
 
-    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Metrics of `forward_func` over micro-batches of `infer_batch_size` rows or of the token budget, no grad."""
-        return forward_in_micro_batches(
-            self.engine,
-            batch,
-            forward_func,
-            self.worker_config.infer_batch_size,
-            self.device,
-            token_budget(self.worker_config),
-            self._agree_count,
-        )
-
-    def _agree_count(self, count: int) -> int:
-        """The largest of every rank's micro-batch count: ranks run forward passes together (ZeRO gathers, reduces)."""
-        return max_over_ranks(count, self.worker.world_size, self.device)
-
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
-        """Continuations of the prompts with their lengths and stop reasons; at stage 3 and under AutoTP all ranks
-        step together until the last finishes.
-
-        Tensor-parallel peers get the same prompts and seed, so they sample the same tokens.
-        """
-        synced = self.weights_gathered_collectively and self.worker.world_size > 1
-        return generate_in_micro_batches(
-            self.unwrapped_model,
-            batch,
-            generating_args,
-            self.worker_config.infer_batch_size,
-            self.device,
-            synced_ranks=synced,
-            model_path=self.worker_config.model_args.model_name_or_path,
-        )
+    @property
+    def forward_module(self) -> torch.nn.Module:
+        """The engine: forward passes go through it (ZeRO-3's gathers are hooks on the module either way)."""
+        return self.engine
 
     def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
         """Move the engine's states (all kinds when `include` is None) to host memory or disk.

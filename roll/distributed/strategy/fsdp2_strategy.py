@@ -19,23 +19,18 @@ import torch
 
 from roll.configs.fsdp2_config import DEEPSPEED_ONLY_KEYS, FSDP2Config
 from roll.configs.schema import ConfigError, from_dict
-from roll.configs.worker_config import GeneratingArguments, WorkerConfig
+from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.fsdp2_offload import StateOffloader
-from roll.distributed.strategy.hf_compute import (
-    forward_in_micro_batches,
-    generate_in_micro_batches,
-    optimizer_step_losses,
-)
+from roll.distributed.strategy.hf_compute import ShardedModelCompute, optimizer_step_losses
 from roll.distributed.strategy.lr_schedule import lr_lambda
 from roll.distributed.strategy.micro_batches import DataParallel, token_budget
-from roll.distributed.strategy.strategy import ForwardFunc, Generation, ModelProvider, TrainStrategy
+from roll.distributed.strategy.strategy import ForwardFunc, ModelProvider, TrainStrategy
 from roll.distributed.strategy.training import (
     adamw_groups,
     check_dtype_supported,
     check_schedule,
     enable_gradient_checkpointing,
-    max_over_ranks,
     mean_over_ranks,
     rows_per_step,
     seed_everything,
@@ -119,7 +114,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-class FSDP2TrainStrategy(TrainStrategy):
+class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
     """A model under `fully_shard` with AdamW, the role's LR schedule, DCP checkpoints and full-weight export."""
 
     strategy_name = BACKEND
@@ -183,33 +178,10 @@ class FSDP2TrainStrategy(TrainStrategy):
             return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
         return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
-    def _agree_count(self, count: int) -> int:
-        """The largest of every rank's micro-batch count: every forward pass gathers layers from all ranks."""
-        return max_over_ranks(count, self.worker.world_size, self.device)
-
-    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
-        """Metrics of `forward_func` over micro-batches of `infer_batch_size` rows or of the token budget, no grad."""
-        return forward_in_micro_batches(
-            self.model,
-            batch,
-            forward_func,
-            self.worker_config.infer_batch_size,
-            self.device,
-            token_budget(self.worker_config),
-            self._agree_count,
-        )
-
-    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
-        """Continuations of the prompts; ranks step together until the last finishes (each step gathers layers)."""
-        return generate_in_micro_batches(
-            self.model,
-            batch,
-            generating_args,
-            self.worker_config.infer_batch_size,
-            self.device,
-            synced_ranks=self.worker.world_size > 1,
-            model_path=self.worker_config.model_args.model_name_or_path,
-        )
+    @property
+    def unwrapped_model(self) -> torch.nn.Module:
+        """The Hugging Face model, its layers and root under `fully_shard`."""
+        return self.model
 
     def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
         """One optimizer step per `per_device_train_batch_size` x `gradient_accumulation_steps` rows of `batch`.

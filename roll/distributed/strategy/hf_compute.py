@@ -1,4 +1,4 @@
-"""Forward passes and generation on a Hugging Face model, shared by the HF and DeepSpeed backends."""
+"""Forward passes and generation on a Hugging Face model, shared by the HF, DeepSpeed and FSDP2 backends."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from roll.configs.worker_config import GeneratingArguments
+from roll.configs.worker_config import GeneratingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.micro_batches import (
     SINGLE_RANK,
@@ -21,6 +21,7 @@ from roll.distributed.strategy.micro_batches import (
     plan_micro_batches,
     plan_step_micro_batches,
     restore_rows,
+    token_budget,
 )
 from roll.distributed.strategy.strategy import ForwardFunc, Generation
 from roll.models.model_providers import load_tokenizer
@@ -222,3 +223,59 @@ def generate_in_micro_batches(
     responses = output_ids[:, batch.batch["input_ids"].shape[1] :]
     responses.masked_fill_(length_mask(response_lengths, args.max_new_tokens) == 0, pad_id)
     return Generation(output_ids, response_lengths, torch.cat(truncated))
+
+
+class ShardedModelCompute:
+    """`forward_step` and `generate` of a backend whose ranks hold one model between them (ZeRO-3, AutoTP, FSDP2): they
+    run forward passes together, so they agree on a micro-batch count, and generation keeps them stepping until the
+    last finishes. The backend sets `device` and names the module forward passes go through (`forward_module`) and
+    the Hugging Face model that generates (`unwrapped_model`)."""
+
+    worker: Any
+    worker_config: WorkerConfig
+    device: torch.device
+    weights_gathered_collectively: bool
+
+    @property
+    def forward_module(self) -> torch.nn.Module:
+        """The module a forward pass calls (the Hugging Face model, or an engine wrapping it)."""
+        return self.unwrapped_model
+
+    @property
+    def unwrapped_model(self) -> torch.nn.Module:
+        """The Hugging Face model."""
+        raise NotImplementedError
+
+    def forward_step(self, batch: DataProto, forward_func: ForwardFunc) -> dict[str, torch.Tensor]:
+        """Metrics of `forward_func` over micro-batches of `infer_batch_size` rows or of the token budget, no grad."""
+        return forward_in_micro_batches(
+            self.forward_module,
+            batch,
+            forward_func,
+            self.worker_config.infer_batch_size,
+            self.device,
+            token_budget(self.worker_config),
+            self._agree_count,
+        )
+
+    def _agree_count(self, count: int) -> int:
+        """The largest of every rank's micro-batch count (a rank's forward pass waits for the others' gathers)."""
+        if self.worker.world_size == 1:
+            return count
+        largest = torch.tensor([count], dtype=torch.int64, device=self.device)  # NCCL reduces device tensors only
+        torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
+        return int(largest.item())
+
+    def generate(self, batch: DataProto, generating_args: GeneratingArguments) -> Generation:
+        """Continuations of the prompts with their lengths and stop reasons; when the ranks gather weights
+        collectively they step together until the last finishes (tensor-parallel peers get the same prompts and
+        seed, so they sample the same tokens)."""
+        return generate_in_micro_batches(
+            self.unwrapped_model,
+            batch,
+            generating_args,
+            self.worker_config.infer_batch_size,
+            self.device,
+            synced_ranks=self.weights_gathered_collectively and self.worker.world_size > 1,
+            model_path=self.worker_config.model_args.model_name_or_path,
+        )

@@ -58,15 +58,6 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.enable_input_require_grads()  # frozen embeddings (LoRA) still need grads to flow
 
 
-def max_over_ranks(count: int, world_size: int, device: torch.device) -> int:
-    """The largest of every rank's `count` (ranks whose forward passes are collective run as many as the busiest)."""
-    if world_size == 1:
-        return count
-    largest = torch.tensor([count], dtype=torch.int64, device=device)  # NCCL reduces device tensors only
-    torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
-    return int(largest.item())
-
-
 def mean_over_ranks(metrics: dict[str, float], world_size: int, device: torch.device) -> dict[str, float]:
     """`metrics` averaged over every rank of the default group, so every rank reports the global value."""
     keys = sorted(metrics)
