@@ -46,8 +46,8 @@ class EchoWorker(Worker):
 class TensorParallelEchoWorker(EchoWorker):
     """Pretends ranks pair up in tensor-parallel groups of 2, as a sharded strategy would."""
 
-    def __init__(self, worker_config) -> None:
-        super().__init__(worker_config)
+    def __init__(self, worker_config, env=None) -> None:
+        super().__init__(worker_config, env)
         self.rank_info = rank_layout(self.world_size, tp_size=2)[self.rank]
 
 

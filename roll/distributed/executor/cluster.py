@@ -146,16 +146,25 @@ def rank_envs(
     ]
 
 
+def process_start_options(config: WorkerConfig, placement: WorkerPlacement) -> dict[str, Any]:
+    """The Ray options that give a rank's process what must be in place before it starts: the role's `env_vars` (a
+    library may read them on import) and the placement's device-visibility variables (Ray reads its own at the
+    actor's start). The rest of the rank's environment goes through the worker's constructor: an actor with a
+    `runtime_env` of its own cannot take one of the idle worker processes Ray keeps started, which costs it a
+    process start (about 0.8 s on 2 cores)."""
+    env = {**config.env_vars, **{k: v for k, v in placement.env.items() if k != "LOCAL_RANK"}}
+    return {**placement.ray_options, **({"runtime_env": {"env_vars": env}} if env else {})}
+
+
 def start_hosts(config: WorkerConfig, resource_manager: ResourceManager, label: str) -> list[ray.actor.ActorHandle]:
-    """A WorkerHost per rank of `config`'s layout (roles with the same devices go in them), named after `label`."""
+    """A WorkerHost per rank of `config`'s layout (roles with the same devices go in them), named after `label`.
+    Each role's rank variables come with its `WorkerHost.add`."""
     placements = resource_manager.place(config)
     return [
         ray.remote(WorkerHost)
-        .options(name=f"{label}-{rank}-{id(placements):x}", runtime_env={"env_vars": env}, **placement.ray_options)
+        .options(name=f"{label}-{rank}-{id(placements):x}", **process_start_options(config, placement))
         .remote()
-        for rank, (env, placement) in enumerate(
-            zip(rank_envs(config, resource_manager, placements), placements, strict=True)
-        )
+        for rank, placement in enumerate(placements)
     ]
 
 
@@ -193,10 +202,9 @@ class Cluster:
                 continue
             actor = ray.remote(self.worker_cls).options(
                 name=f"{self.name}-{rank}-{id(self):x}",
-                runtime_env={"env_vars": env},
-                **placements[rank].ray_options,
+                **process_start_options(self.worker_config, placements[rank]),
             )
-            self.workers.append(actor.remote(self.worker_config))
+            self.workers.append(actor.remote(self.worker_config, env))
         # Rank 0 hosts the rendezvous: its node's address (not the driver's) and a port it holds from then on become
         # every rank's master. Ray runs each rank's join after its start and before any later call.
         master = self.workers[0].open_rendezvous.remote()

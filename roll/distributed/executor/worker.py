@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import warnings
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,15 +28,16 @@ RENDEZVOUS_TIMEOUT_S = 1800.0
 class Worker:
     """One rank of a role. Subclasses add `@register`-ed methods; the Cluster exposes them.
 
-    The Cluster starts each worker with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and
-    ROLL_NUM_THREADS in its environment, so `torch.distributed` (or DeepSpeed) can initialise
-    from the environment. A strategy that shards over tensor or pipeline ranks sets `rank_info`
-    during initialisation. With `ROLL_PID_DIR` set (in the driver's environment or a role's
-    `env_vars`), each worker writes its pid to `<dir>/<role>-<rank>.pid`, for tools outside the run
-    (tests that kill a worker, benchmarks/scale_memory.py).
+    The Cluster gives each worker its rank's variables (`env`: RANK, WORLD_SIZE, LOCAL_RANK, ROLL_NUM_THREADS, the
+    run's logging), which the constructor puts in the process environment before anything reads them, so
+    `torch.distributed` (or DeepSpeed) can initialise from the environment; MASTER_ADDR and MASTER_PORT follow from
+    the rendezvous. A strategy that shards over tensor or pipeline ranks sets `rank_info` during initialisation.
+    With `ROLL_PID_DIR` set (in the driver's environment or a role's `env_vars`), each worker writes its pid to
+    `<dir>/<role>-<rank>.pid`, for tools outside the run (tests that kill a worker, benchmarks/scale_memory.py).
     """
 
-    def __init__(self, worker_config: WorkerConfig) -> None:
+    def __init__(self, worker_config: WorkerConfig, env: Mapping[str, str] | None = None) -> None:
+        os.environ.update(env or {})
         configure_worker_logging()  # warnings to the console, the detail to the run's workers.log
         import torch
 
