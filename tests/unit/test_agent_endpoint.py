@@ -9,9 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments
+from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agentic_config import EnvArguments
@@ -219,3 +221,27 @@ def test_the_agent_warm_start_holds_the_ids_the_endpoint_gives_the_calculator_ag
     sampled = [*_ids(tokenizer, call["answer"]), tokenizer.eos_token_id]
     tool_turn = encoder.next_messages([{"role": "tool", "content": "645"}], action_end=tokenizer.eos_token)
     assert _ids(tokenizer, answer["prompt"]) == first + sampled + tool_turn
+
+
+class LogProbEngine(ScriptedEngine):
+    """`ScriptedEngine` that also reports an engine log-prob of -0.5 for every sampled token."""
+
+    def generate(self, request: DataProto, args: GeneratingArguments) -> DataProto:
+        out = super().generate(request, args)
+        out.batch["engine_log_probs"] = torch.full(out.batch["responses"].shape, -0.5)
+        return out
+
+
+def test_the_engines_log_probs_of_each_call_are_kept_on_its_sampled_ids(tokenizer: Any) -> None:
+    args = EnvArguments(name="tests.agents.EchoTask", agent="tests.agents.extending_agent", max_trajectory_tokens=24)
+    server = ChatServer()
+    rollout = AgentRollout(args, tokenizer, pad_id=0, server=server, with_engine_log_probs=True)
+    engine = LogProbEngine(tokenizer)
+    try:
+        batch, _ = rollout.run(engine.generate, [5], GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+    mask, log_probs = batch.batch["response_mask"][0], batch.batch["engine_log_probs"][0]
+    assert (
+        mask.sum() == 6 and bool((log_probs[mask.bool()] == -0.5).all()) and bool((log_probs[~mask.bool()] == 0).all())
+    )
