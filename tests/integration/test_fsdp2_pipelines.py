@@ -1,4 +1,5 @@
-"""RLVR and SFT end to end with actor_train on fsdp2_train, swapped in by the overrides a user writes."""
+"""RLVR and SFT end to end with actor_train on fsdp2_train, swapped in by the overrides a user writes, and its weight
+sync on both routes."""
 
 from __future__ import annotations
 
@@ -6,12 +7,20 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.models.model_providers import load_tokenizer
+from roll.models.tiny import make_tiny_model
 from roll.pipeline.sft.sft_pipeline import SFTPipeline
+from roll.platforms import get_platform
+from tests.integration.test_weight_sync_e2e import GREEDY, log_probs, role, started, syncer, train_step
 from tests.pipeline_runs import run_pipeline
 from tests.rlvr_runs import PARITY_REWARD, arithmetic_config, block, run_rlvr
 from tests.unit.test_hydra_configs import load_config
+from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
 FSDP2 = ("actor_train.strategy_args.strategy_name=fsdp2_train", block("fsdp2"))
@@ -42,3 +51,25 @@ def test_sft_trains_and_exports_from_fsdp2(ray_session: None, tmp_path: Path) ->
     assert len(losses) == 2 and losses[1] < losses[0]
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "sft" / "model")
     assert type(exported).__name__ == "Qwen2ForCausalLM"
+
+
+def test_weights_stream_from_the_shards_on_either_route(host_pool: HostPool, tmp_path: Path) -> None:
+    """The trainer's full weights, gathered from its shards, reach an hf_infer role on its devices in memory and over
+    a forced broadcast: after each sync it computes what the trainer computes (and the trainer's own synced
+    generation gives the samples)."""
+    model_path = str(make_tiny_model(tmp_path / "tiny"))
+    encoded = load_tokenizer(model_path)([f"{a}+{b * 3}=" for a in range(4) for b in range(2)], padding=True)
+    prompts = DataProto.from_dict(tensors={k: torch.tensor(encoded[k]) for k in ("input_ids", "attention_mask")})
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
+    configs = {
+        "actor_train": role("actor_train", "fsdp2_train", "0-1", model_path, {}),
+        "hf_infer": role("hf_infer", "hf_infer", "0-1", model_path),
+    }
+    with started(configs, manager, host_pool) as roles:
+        for method, route in (("auto", "sync/colocated_bytes"), ("broadcast", "sync/broadcast_bytes")):
+            train_step(roles, prompts)
+            expected = roles["actor_train"].generate(prompts, GREEDY)
+            trainer_log_probs = log_probs(roles["actor_train"], expected)
+            assert (log_probs(roles["hf_infer"], expected) - trainer_log_probs).abs().max() > 1e-3
+            assert syncer(roles, "hf_infer", method).sync()[route] > 0, method
+            torch.testing.assert_close(log_probs(roles["hf_infer"], expected), trainer_log_probs, rtol=0, atol=1e-5)
