@@ -14,6 +14,7 @@ sampled, call after call. Earlier segments, before a call that rewrote the histo
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.generation_queue import Generate, GenerationQueue
 from roll.pipeline.agentic.multi_turn import TURN_SEED_STRIDE, Episode, episode_metrics, episodes_batch
 from roll.utils.imports import exception_line
+
+logger = logging.getLogger(__name__)
 
 
 class AgentRollout:
@@ -84,6 +87,9 @@ class AgentRollout:
             for session in self.sessions:
                 self.server.close_session(session.session_id)
         episodes = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
+        failed = [episode.error for episode in episodes if episode.error]
+        if failed:
+            logger.warning("%d of %d agent episodes failed; the first: %s", len(failed), len(episodes), failed[0])
         metrics = episode_metrics(episodes) | self._agent_metrics(outcomes)
         metrics.pop("rollout/tool_success_rate")  # the agent runs its tools: the endpoint cannot tell how they went
         return episodes_batch(episodes, self.env, self.pad_id, self.with_engine_log_probs), metrics
