@@ -24,6 +24,8 @@ def test_round_trip_through_a_spill_file_is_bit_exact_and_frees_the_storages(tmp
     assert offloaded["offload_states/offload/moved_bytes/optimizer_states"] == 30 * 30 * 2 + 4
     assert all(t.untyped_storage().nbytes() == 0 for t in (flat, weight, bias, exp_avg, step))
     assert offloader.offload(states, "nvme", str(tmp_path / "spill"))["offload_states/offload/moved_bytes/grads"] == 0
+    assert offloader.reload({"optimizer_states"})["offload_states/reload/moved_bytes/optimizer_states"] == 1804
+    assert flat.untyped_storage().nbytes() == 0 and offloader.file is not None  # the rest stays on disk
     reloaded = offloader.reload()
     assert reloaded["offload_states/reload/moved_bytes/model_params"] == 4000
     for tensor, expected in zip((flat, exp_avg, step), before, strict=True):

@@ -57,11 +57,13 @@ class StateOffloader:
         trim_host_heap()
         return _metrics("offload", moved, start)
 
-    def reload(self) -> dict[str, float]:
-        """Bring every offloaded storage back, bit for bit, into the storage it left; close the spill file."""
+    def reload(self, kinds: set[str] | None = None) -> dict[str, float]:
+        """Bring the offloaded storages of `kinds` (all when None) back, bit for bit, into the storages they left; close
+        the spill file once nothing is left on it."""
         start = time.perf_counter()
-        moved = dict.fromkeys(self.parked, 0)
-        for kind, storages in self.parked.items():
+        moved = {kind: 0 for kind in self.parked if kinds is None or kind in kinds}
+        for kind in moved:
+            storages = self.parked.pop(kind)
             while storages:
                 parked = storages.pop()
                 parked.storage.resize_(parked.nbytes)
@@ -71,8 +73,8 @@ class StateOffloader:
                 else:
                     self._read(parked.file_offset, destination)
                 moved[kind] += parked.nbytes
-        self.parked.clear()
-        self.close()
+        if not self.parked:
+            self.close()
         return _metrics("reload", moved, start)
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ from roll.utils.staged_checkpoint import checkpoint_meta, resolve_checkpoint, re
 
 BACKEND = "fsdp2_train"  # recorded in its checkpoints' marker: a DeepSpeed checkpoint is not loaded as one
 # What each option of the block needs from torch.distributed.fsdp ("" : every block).
-TORCH_FEATURES = {"": ("fully_shard", "MixedPrecisionPolicy", "FSDPModule"), "cpu_offload": ("CPUOffloadPolicy",)}
+TORCH_FEATURES = {"": ("fully_shard", "MixedPrecisionPolicy", "OffloadPolicy"), "cpu_offload": ("CPUOffloadPolicy",)}
 
 
 def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
@@ -258,8 +258,8 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
         return metrics
 
     def load_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Bring every offloaded state back to its device, bit for bit."""
-        return self.offloader.reload() if self.offload_moves_states() else {}
+        """Bring the offloaded states (all kinds when `include` is None) back to their device, bit for bit."""
+        return self.offloader.reload(include) if self.offload_moves_states() else {}
 
     def offload_moves_states(self) -> bool:
         """On an accelerator (unless `cpu_offload` keeps the states in host memory already), and to NVMe anywhere;
