@@ -95,7 +95,7 @@ class ChatServer:
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """Every failure as an OpenAI-style JSON error; a wrong key or path before anything else."""
         try:
-            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            if not secrets.compare_digest(request.headers.get("Authorization", ""), f"Bearer {self.api_key}"):
                 raise ApiError(401, "invalid API key: use the key roll gave the agent", code="invalid_api_key")
             return await handler(request)
         except ApiError as exc:
