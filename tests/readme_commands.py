@@ -378,11 +378,12 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     },
     # The bring-your-own example: its own two steps from tiny://qwen2, reading and writing nothing else.
     BYO_ENV: Run(BYO_ENV, beside=True),
-    # The agent example: its transcripts, a two-step warm start on them and one RL step through the endpoint with an
-    # evaluation of 8 problems, reading and writing nothing else.
+    # The agent example: its transcripts, a two-step warm start on them and the RL recipe's dry run (it imports the
+    # agent and reads the warm start), reading and writing nothing else; its YAML runs through the endpoint in
+    # tests/integration/test_agent_endpoint_pipeline.py.
     AGENT_SFT_DATA: Run(AGENT_SFT_DATA, beside=True),
     AGENT_SFT: Run(f"{AGENT_SFT} max_steps=2 eval_steps=2", beside=True),
-    BYO_AGENT: Run(f"{BYO_AGENT} max_steps=1 eval_steps=1 env.eval_episodes=8", beside=True),
+    BYO_AGENT: Run(f"{BYO_AGENT} dry_run=true", beside=True),
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
     # The messages file encodes to the prompt/answer file's ids (tests/unit/test_messages_dataset.py), which the
     # command above runs through RLVR.
