@@ -7,7 +7,7 @@ driver (`multi_turn`); the reward clusters and the prompt data are not used.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from roll.configs.schema import DOTTED_PATH, ConfigError, any_value, check
@@ -15,9 +15,12 @@ from roll.envs.protocol import Env
 from roll.envs.registry import env_factory, make_env
 from roll.envs.tools import ToolEnv
 from roll.pipeline.agentic.observations import ObservationEncoder
+from roll.pipeline.agentic.sources import EnvSource, check_sources, draw_sources
 from roll.utils.imports import exception_line
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_ENV = "guess_number"
 
 
 @dataclass
@@ -26,10 +29,15 @@ class EnvArguments:
 
     # A registered name (guess_number, calculator_arithmetic, frozen_lake), a dotted path or `gem:<env_id>`.
     name: str = field(
-        default="guess_number", metadata=check(nonempty=True, hint="e.g. guess_number or package.module.MyEnv")
+        default=DEFAULT_ENV, metadata=check(nonempty=True, hint="e.g. guess_number or package.module.MyEnv")
     )
     kwargs: dict[str, Any] = field(
         default_factory=dict, metadata=any_value("the environment's constructor arguments, checked by make_env")
+    )
+    # Several environments in one run, each episode's drawn by weight from its seed (docs/agentic.md, "Several
+    # environments in one run"); they replace `name` and `kwargs`, and share the budgets below.
+    sources: list[EnvSource] = field(
+        default_factory=list, metadata=any_value("each source's fields and their names are checked by validate")
     )
     max_turns: int = field(default=5, metadata=check(ge=1))
     # The whole response of an episode (actions and observations after the first); each turn samples at most
@@ -59,26 +67,52 @@ class EnvArguments:
     # Two characters, e.g. "<>": the endpoint also reads the bracket form `<calc 12*34>` of a requested tool as a
     # tool call (a tiny model's character vocabulary has no braces for Hermes JSON). "": Hermes only.
     agent_tool_brackets: str = field(default="", metadata=check(pattern=r"(..)?", expect="two characters such as <>"))
+    # The fields `name` and `kwargs` stand for in errors: env.sources[i].env and .kwargs for a source's block.
+    name_field: str = field(default="env.name", init=False, repr=False, compare=False)
+    kwargs_field: str = field(default="env.kwargs", init=False, repr=False, compare=False)
 
     def make_env(self) -> Env:
         """A new environment of this block: `name` built with `kwargs`."""
-        return make_env(self.name, self.kwargs, "env.name")
+        return make_env(self.name, self.kwargs, self.name_field)
+
+    def source_envs(self) -> dict[str, EnvArguments]:
+        """Each source's block by source name: with `sources`, this block with a source's environment and kwargs;
+        without, this block under its `name`."""
+        if not self.sources:
+            return {self.name: self}
+        blocks = {}
+        for i, source in enumerate(self.sources):
+            block = replace(self, name=source.env, kwargs=dict(source.kwargs), sources=[])
+            block.name_field, block.kwargs_field = f"env.sources[{i}].env", f"env.sources[{i}].kwargs"
+            blocks[source.name] = block
+        return blocks
+
+    def source_names(self, seeds: list[int]) -> list[str]:
+        """The source of each seed's episode (`draw_sources`), or `name` for every one without `sources`."""
+        return draw_sources(seeds, self.sources) if self.sources else [self.name] * len(seeds)
+
+    def eval_seeds(self) -> list[int]:
+        """The held-out seeds, never trained on."""
+        return [self.eval_seed_offset + i for i in range(self.eval_episodes)]
 
     def describe(self, episodes: int, max_new_tokens: int) -> list[str]:
-        """The dry run's lines: the turn and token budgets of a step's `episodes`, where the environments run, and
-        the tools the prompt lists."""
+        """The dry run's lines: the turn and token budgets of a step's `episodes`, where the environments run, the
+        tools the prompt lists, and with `sources` each source's share of the episodes."""
+        label = ", ".join(source.name for source in self.sources) if self.sources else self.name
         where = (
             "in the driver"
             if not self.num_env_workers
             else f"in {min(self.num_env_workers, episodes)} env-worker actor(s) (num_cpus=0)"
+            + (" per source" if self.sources else "")
         )
         return [
-            f"env {self.name}: {episodes} episodes per step of up to {self.max_turns} turns; each turn samples <= "
+            f"env {label}: {episodes} episodes per step of up to {self.max_turns} turns; each turn samples <= "
             f"{max_new_tokens} tokens, an observation <= {self.max_observation_tokens}; "
             f"<= {self.max_trajectory_tokens} response tokens per episode",
-            f"env {self.name}: environments {where}, {self.max_concurrency} calls at once, "
+            f"env {label}: environments {where}, {self.max_concurrency} calls at once, "
             f"{self.timeout_s:g} s per call; {self.eval_episodes} held-out seeds from {self.eval_seed_offset}",
-            *self._describe_tools(),
+            *self._describe_sources(episodes),
+            *(line for block in self.source_envs().values() for line in block._describe_tools()),
             *(
                 [
                     f"env {self.name}: each episode played by the agent {self.agent} through the OpenAI-compatible "
@@ -89,6 +123,17 @@ class EnvArguments:
             ),
         ]
 
+    def _describe_sources(self, episodes: int) -> list[str]:
+        """Each source's environment, its expected share of a step's episodes and its held-out seeds."""
+        total = sum(source.weight for source in self.sources)
+        held_out = self.source_names(self.eval_seeds())
+        return [
+            f"env source {source.name}: {source.env} with {source.kwargs}, weight {source.weight:g} "
+            f"({source.weight / total:.0%}): about {episodes * source.weight / total:.1f} of {episodes} episodes per "
+            f"step (whole groups), {held_out.count(source.name)} of {self.eval_episodes} held-out seeds"
+            for source in self.sources
+        ]
+
     def _describe_tools(self) -> list[str]:
         tools = self.tool_schemas() if self.apply_chat_template else []
         if not tools:
@@ -97,13 +142,17 @@ class EnvArguments:
         return [f"env {self.name}: tools listed in the prompt by the chat template: {names}"]
 
     def validate(self, max_new_tokens: int) -> None:
-        """The environment resolves and builds with `kwargs` (one is built, then closed), and the trajectory budget
-        holds one turn; ConfigError naming the field."""
-        try:
-            env_factory(self.name, "env.name")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        self._check_builds()
+        """Every environment (`name`, or each of `sources`) resolves and builds with its kwargs (one is built, then
+        closed), the sources are well formed, and the trajectory budget holds one turn; ConfigError naming the
+        field."""
+        if self.sources:
+            self._check_sources()
+        for block in self.source_envs().values():
+            try:
+                env_factory(block.name, block.name_field)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+            block._check_builds()
         if self.agent is not None:
             self._check_agent()
         if self.max_trajectory_tokens < max_new_tokens:
@@ -111,6 +160,28 @@ class EnvArguments:
                 f"env.max_trajectory_tokens={self.max_trajectory_tokens} cannot hold one turn of "
                 f"actor_infer.generating_args.max_new_tokens={max_new_tokens}; raise it to at least {max_new_tokens}"
             )
+
+    def _check_sources(self) -> None:
+        """The sources' fields and names; no `name`, `kwargs` or `agent` beside them; each source meets at least one
+        held-out seed (its `val/<source>/...` metrics need one)."""
+        check_sources(self.sources)
+        if self.name != DEFAULT_ENV or self.kwargs:
+            raise ConfigError(
+                f"env.sources names each source's environment and kwargs; remove env.name={self.name} and "
+                f"env.kwargs={self.kwargs} (or drop env.sources for one environment)"
+            )
+        if self.agent is not None:
+            raise ConfigError(
+                f"env.agent={self.agent} plays one environment's tasks and env.sources mixes environments: "
+                "a run takes one of the two"
+            )
+        held_out = set(self.source_names(self.eval_seeds()))
+        for i, source in enumerate(self.sources):
+            if source.name not in held_out:
+                raise ConfigError(
+                    f"env.sources[{i}] ({source.name}, weight {source.weight:g}) draws none of the "
+                    f"env.eval_episodes={self.eval_episodes} held-out seeds; raise env.eval_episodes or its weight"
+                )
 
     def _check_agent(self) -> None:
         """The agent imports and takes (task, client); it runs in the driver, beside the endpoint."""
@@ -129,15 +200,18 @@ class EnvArguments:
         try:
             env = self.make_env()
         except ValueError as exc:  # make_env's own: kwargs the constructor does not take, or not an environment
-            raise ConfigError(f"{exc} (env.kwargs={self.kwargs})") from exc
+            raise ConfigError(f"{exc} ({self.kwargs_field}={self.kwargs})") from exc
         except Exception as exc:
             raise ConfigError(
-                f"env.name={self.name} with env.kwargs={self.kwargs} cannot be built: {exception_line(exc)}"
+                f"{self.name_field}={self.name} with {self.kwargs_field}={self.kwargs} cannot be built: "
+                f"{exception_line(exc)}"
             ) from exc
         try:
             _close(env)
         except Exception as exc:
-            logger.warning("env.name=%s: closing the environment built to check it raised %s", self.name, exc)
+            logger.warning(
+                "%s=%s: closing the environment built to check it raised %s", self.name_field, self.name, exc
+            )
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The function schemas of the environment's tools (its `tool_schemas()`, as a ToolEnv has; [] without):
@@ -155,6 +229,10 @@ class EnvArguments:
         field otherwise. A template that ignores `tools` is a warning: the model is not told the tools."""
         if not self.apply_chat_template:
             return
+        if self.sources:
+            for block in self.source_envs().values():
+                block.check_chat_template(tokenizer, model)
+            return
         fix = "use a model whose chat template has them, or set env.apply_chat_template=false"
         try:
             encoder = ObservationEncoder(tokenizer, chat_template=True)
@@ -171,8 +249,8 @@ class EnvArguments:
                 encoder.next("tool result", "tool")
         except Exception as exc:
             raise ConfigError(
-                f"env.apply_chat_template=true and env.name={self.name} answers tool calls as tool turns, but the "
-                f"chat template of {model} cannot render a 'tool' message ({exc}); {fix}"
+                f"env.apply_chat_template=true and {self.name_field}={self.name} answers tool calls as tool turns, "
+                f"but the chat template of {model} cannot render a 'tool' message ({exc}); {fix}"
             ) from exc
         finally:
             _close(env)
@@ -187,21 +265,22 @@ class EnvArguments:
             size = len(encoder.first(""))
         except Exception as exc:
             raise ConfigError(
-                f"env.name={self.name} has tools ({names}), but the chat template of {model} cannot render them "
-                f"({exc}); use a model whose template takes `tools`, or set env.apply_chat_template=false"
+                f"{self.name_field}={self.name} has tools ({names}), but the chat template of {model} cannot render "
+                f"them ({exc}); use a model whose template takes `tools`, or set env.apply_chat_template=false"
             ) from exc
         if not renders:
             logger.warning(
-                "env.name=%s has tools (%s), but the chat template of %s does not render `tools`: the model is not "
+                "%s=%s has tools (%s), but the chat template of %s does not render `tools`: the model is not "
                 "told which tools exist. Describe them in the environment's observation, or use a model whose "
                 "template lists tools (Qwen2.5, Hermes).",
+                self.name_field,
                 self.name,
                 names,
                 model,
             )
         elif size > self.max_observation_tokens:
             raise ConfigError(
-                f"the first observation of env.name={self.name} lists its tools ({names}) in {size} tokens of "
+                f"the first observation of {self.name_field}={self.name} lists its tools ({names}) in {size} tokens of "
                 f"{model}'s chat template before the task itself, more than env.max_observation_tokens="
                 f"{self.max_observation_tokens}; raise it (a longer first observation is cut from its start, where "
                 "the tools are)"

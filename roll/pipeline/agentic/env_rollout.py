@@ -105,19 +105,20 @@ class EnvRollouts:
             error = next((e for e in batch.non_tensor_batch["env_error"] if e), "?")
             raise RuntimeError(
                 f"every episode of the last {self.all_failed_batches} training batches failed in the environment "
-                f"env.name={self.env.name} (env.kwargs={self.env.kwargs}), so the run would train on nothing; "
+                f"{_environments(self.env)}, so the run would train on nothing; "
                 f"the first episode's error: {error}"
             )
 
     def held_out(self, cluster: Cluster) -> dict[str, float]:
         """Success over the `eval_episodes` held-out seeds: greedy (`val/accuracy`), and sampled as in training,
-        one episode per seed with the same sampling seeds at every evaluation (`val/sampled_success`)."""
-        seeds = [self.env.eval_seed_offset + i for i in range(self.env.eval_episodes)]
+        one episode per seed with the same sampling seeds at every evaluation (`val/sampled_success`); with
+        `env.sources` also each source's over its held-out seeds (`val/<source>/accuracy`, `.../sampled_success`)."""
+        seeds = self.env.eval_seeds()
         generate = cluster_generate(cluster)
         greedy_args = replace(self.generating_args, do_sample=False)
         _, greedy = self.greedy_rollout.run(generate, seeds, greedy_args, base_seed=0)
         _, sampled = self.rollout.run(generate, seeds, self.generating_args, base_seed=0)
-        return {"val/accuracy": greedy["rollout/success"], "val/sampled_success": sampled["rollout/success"]}
+        return held_out_metrics(greedy, sampled, [source.name for source in self.env.sources])
 
     def close(self) -> None:
         """Close the environments of both rollouts, or the agents' endpoint."""
@@ -126,3 +127,22 @@ class EnvRollouts:
             return
         self.rollout.close()
         self.greedy_rollout.close()
+
+
+def held_out_metrics(greedy: dict[str, float], sampled: dict[str, float], sources: list[str]) -> dict[str, float]:
+    """The `val/` metrics of the greedy and sampled held-out rollouts' metrics, overall and for each of `sources`
+    (a source the held-out seeds did not draw has none)."""
+    metrics = {"val/accuracy": greedy["rollout/success"], "val/sampled_success": sampled["rollout/success"]}
+    for source in sources:
+        key = f"rollout/{source}/success"
+        if key in greedy:
+            metrics[f"val/{source}/accuracy"] = greedy[key]
+            metrics[f"val/{source}/sampled_success"] = sampled[key]
+    return metrics
+
+
+def _environments(env: EnvArguments) -> str:
+    """The environments of `env` as its config names them, for an error."""
+    if env.sources:
+        return "env.sources " + ", ".join(f"{s.name} ({s.env}, kwargs {s.kwargs})" for s in env.sources)
+    return f"env.name={env.name} (env.kwargs={env.kwargs})"

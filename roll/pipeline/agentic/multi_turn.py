@@ -15,7 +15,9 @@ reads from a single-turn rollout:
   `engine_log_probs` (0 on environment tokens) when asked for.
 
 The environments run in the driver (`EnvManager`, threads with a timeout) or, with `env.num_env_workers`, in
-CPU Ray actors (`EnvWorkers`, the env role), which answer the same calls.
+CPU Ray actors (`EnvWorkers`, the env role), which answer the same calls. With `env.sources` each episode plays
+the source its seed draws: every source has its own environments and prompt tools, one generation serves all
+episodes of a turn, and the metrics come overall and per source (`rollout/<source>/...`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.env_workers import EnvWorkers
 from roll.pipeline.agentic.generation_queue import Generate, left_padded, sampled_rows
 from roll.pipeline.agentic.observations import ObservationEncoder
+from roll.pipeline.agentic.sources import group_by_source, per_source_metrics
 
 # Turn seeds of one rollout are base_seed * TURN_SEED_STRIDE + turn, so no two turns or steps share one.
 TURN_SEED_STRIDE = 1000
@@ -55,6 +58,7 @@ class Episode:
     """One trajectory as it is played: the ids, the loss mask and what each turn returned."""
 
     seed: int
+    source: str = ""  # the name of the episode's source (env.sources), or env.name
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
@@ -105,22 +109,27 @@ class MultiTurnRollout:
         # The ids generation stops on (the generation config's EOS list, e.g. Gemma's <end_of_turn>) and the EOS.
         self.stop_ids = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
         self.with_engine_log_probs = with_engine_log_probs
-        # The environment's tools, listed in the prompt by the chat template (without one, the observations say it).
-        self.tools = env.tool_schemas() if env.apply_chat_template else []
-        self.encoder = ObservationEncoder(tokenizer, env.apply_chat_template, self.tools)
-        self._managers: dict[int, EnvManager | EnvWorkers] = {}
+        self.blocks = env.source_envs()
+        # Each source's tools, listed in the prompt by the chat template (without one, the observations say it).
+        self.encoders = {
+            name: ObservationEncoder(
+                tokenizer, env.apply_chat_template, block.tool_schemas() if env.apply_chat_template else []
+            )
+            for name, block in self.blocks.items()
+        }
+        self._managers: dict[tuple[str, int], EnvManager | EnvWorkers] = {}
 
-    def _manager(self, num_envs: int) -> EnvManager | EnvWorkers:
-        """The environments of a batch of `num_envs` episodes: built on first use, kept for the next batches
-        (each episode resets its slot; a slot whose environment failed is rebuilt)."""
-        manager = self._managers.get(num_envs)
+    def _manager(self, source: str, num_envs: int) -> EnvManager | EnvWorkers:
+        """The environments of `source` for a batch of `num_envs` episodes: built on first use, kept for the next
+        batches (each episode resets its slot; a slot whose environment failed is rebuilt)."""
+        manager = self._managers.get((source, num_envs))
         if manager is None:
-            env = self.env
+            env = self.blocks[source]
             if env.num_env_workers:
                 manager = EnvWorkers(env, num_envs)
             else:
                 manager = EnvManager(env.make_env, num_envs, env.max_concurrency, env.timeout_s)
-            self._managers[num_envs] = manager
+            self._managers[(source, num_envs)] = manager
         return manager
 
     def close(self) -> None:
@@ -134,24 +143,42 @@ class MultiTurnRollout:
     ) -> tuple[DataProto, dict[str, float]]:
         """Play one episode per seed (repeat a seed for a GRPO group); return the batch and the rollout metrics."""
         env = self.env
-        manager = self._manager(len(seeds))
-        episodes = [Episode(seed) for seed in seeds]
-        for episode, result in zip(episodes, manager.reset(list(seeds)), strict=True):
-            self._start(episode, result)
+        names = env.source_names(list(seeds))
+        episodes = [Episode(seed, name) for seed, name in zip(seeds, names, strict=True)]
+        slots = _source_slots(names, len(seeds))
+        for i, result in zip(*self._call("reset", list(seeds), range(len(seeds)), names, slots), strict=True):
+            self._start(episodes[i], result)
         for turn in range(env.max_turns):
             active = [i for i, episode in enumerate(episodes) if not episode.done]
             if not active:
                 break
             turn_args = replace(generating_args, num_return_sequences=1, seed=base_seed * TURN_SEED_STRIDE + turn)
             actions = self._act([episodes[i] for i in active], generate, turn_args)
-            results = manager.step(actions, active)
-            for i, result in zip(active, results, strict=True):
+            for i, result in zip(*self._call("step", actions, active, names, slots), strict=True):
                 self._observe(episodes[i], result, last_turn=turn + 1 == env.max_turns, turn_args=turn_args)
         metrics = episode_metrics(episodes)
+        if env.sources:
+            metrics |= per_source_metrics(episodes, names, episode_metrics)
         checked = [e for e in episodes if not e.prompt_cut][:DRIFT_CHECKED_EPISODES]
         if env.apply_chat_template and checked:
             metrics["rollout/template_drift"] = self._template_drift(checked)
         return self._batch(episodes), metrics
+
+    def _call(
+        self, method: str, items: list[Any], positions: Sequence[int], names: list[str], slots: list[int]
+    ) -> tuple[list[int], list[EnvResult]]:
+        """`reset` or `step` the episodes at `positions` with `items`, each through its source's manager and slot;
+        the positions and results in the order answered."""
+        num_envs = len(names)
+        answered: list[int] = []
+        results: list[EnvResult] = []
+        by_source = group_by_source([names[p] for p in positions])
+        for source, indices in by_source.items():
+            chosen = [positions[k] for k in indices]
+            manager = self._manager(source, num_envs)
+            results += getattr(manager, method)([items[k] for k in indices], [slots[p] for p in chosen])
+            answered += chosen
+        return answered, results
 
     def _template_drift(self, episodes: list[Episode]) -> float:
         """The share of `episodes` whose ids differ from their conversation rendered by the chat template anew.
@@ -165,7 +192,7 @@ class MultiTurnRollout:
         for episode in episodes:
             messages = [{"role": "user", "content": episode.prompt}]
             messages += [{"role": r, "content": t} for r, t in zip(episode.roles, episode.transcript, strict=True)]
-            rendered = self.encoder.render(messages)
+            rendered = self.encoders[episode.source].render(messages)
             rendered_ids = list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
             played = episode.prompt_ids + episode.response_ids
             drifted += rendered_ids[: len(played)] != played
@@ -173,7 +200,7 @@ class MultiTurnRollout:
 
     def _start(self, episode: Episode, result: EnvResult) -> None:
         episode.prompt = result.observation
-        ids = self.encoder.first(result.observation) if not result.done else []
+        ids = self.encoders[episode.source].first(result.observation) if not result.done else []
         if len(ids) > self.env.max_observation_tokens:
             # Cut, and the episode still plays: the loss of a truncated row is only dropped by overlong_filter.
             ids, episode.truncated, episode.prompt_cut = ids[-self.env.max_observation_tokens :], True, True
@@ -210,7 +237,7 @@ class MultiTurnRollout:
         last = episode.response_ids[-1] if episode.response_ids else None
         action_end = self.tokenizer.decode([last]) if last in self.stop_ids else ""  # "": cut at max_new_tokens
         role = "tool" if result.info.get(OBSERVATION_ROLE) == "tool" else "user"
-        ids = self.encoder.next(result.observation, role, action_end)
+        ids = self.encoders[episode.source].next(result.observation, role, action_end)
         budget = self.env.max_trajectory_tokens - len(episode.response_ids) - turn_args.max_new_tokens
         if len(ids) > self.env.max_observation_tokens or len(ids) > budget:
             episode.end(truncated=True)  # the observation is cut to nothing: no action would follow it
@@ -224,6 +251,16 @@ class MultiTurnRollout:
     def _batch(self, episodes: list[Episode]) -> DataProto:
         """The episodes in the single-turn rollout layout (see the module docstring)."""
         return episodes_batch(episodes, self.env, self.pad_id, self.with_engine_log_probs)
+
+
+def _source_slots(names: list[str], num_envs: int) -> list[int]:
+    """Each episode's slot in its source's manager of `num_envs` slots: a source's k episodes spread evenly over
+    the slots, so that env workers (which hold contiguous blocks of slots) share them."""
+    slots = [0] * len(names)
+    for positions in group_by_source(names).values():
+        for k, position in enumerate(positions):
+            slots[position] = k * num_envs // len(positions)
+    return slots
 
 
 def episodes_batch(episodes: list[Episode], env: EnvArguments, pad_id: int, with_engine_log_probs: bool) -> DataProto:
