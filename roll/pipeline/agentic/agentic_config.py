@@ -153,6 +153,8 @@ class EnvArguments:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
             block._check_builds()
+        if self.sources:
+            self._check_held_out_sources()
         if self.agent is not None:
             self._check_agent()
         if self.max_trajectory_tokens < max_new_tokens:
@@ -162,8 +164,7 @@ class EnvArguments:
             )
 
     def _check_sources(self) -> None:
-        """The sources' fields and names; no `name`, `kwargs` or `agent` beside them; each source meets at least one
-        held-out seed (its `val/<source>/...` metrics need one)."""
+        """The sources' fields and names; no `name`, `kwargs` or `agent` beside them."""
         check_sources(self.sources)
         if self.name != DEFAULT_ENV or self.kwargs:
             raise ConfigError(
@@ -175,6 +176,9 @@ class EnvArguments:
                 f"env.agent={self.agent} plays one environment's tasks and env.sources mixes environments: "
                 "a run takes one of the two"
             )
+
+    def _check_held_out_sources(self) -> None:
+        """Each source meets at least one held-out seed: its `val/<source>/...` metrics need one."""
         held_out = set(self.source_names(self.eval_seeds()))
         for i, source in enumerate(self.sources):
             if source.name not in held_out:
