@@ -82,7 +82,8 @@ def write_hf_export(
         plain = model.get_base_model() if isinstance(model, PeftModel) else model
         plain.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         stored = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
-        if len(stored) == 1 and plain.config.dtype != (dtype := stored.pop()):
+        recorded = getattr(plain.config, "dtype", None)  # a diffusers pipeline's config records none
+        if len(stored) == 1 and recorded is not None and recorded != (dtype := stored.pop()):
             # config.json records the module's dtype; FSDP2's module holds fp32 shards while bf16 weights are stored.
             config = copy.deepcopy(plain.config)
             config.dtype = dtype
