@@ -62,6 +62,7 @@ PIPELINE_SCHEMAS = {
     "agentic_frozen_lake": RLVRConfig,
     "agentic_unit_conversion": RLVRConfig,
     "agentic_calculator_agent": RLVRConfig,
+    "agentic_mixed": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
