@@ -384,6 +384,10 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     AGENT_SFT_DATA: Run(AGENT_SFT_DATA, beside=True),
     AGENT_SFT: Run(f"{AGENT_SFT} max_steps=2 eval_steps=2", beside=True),
     BYO_AGENT: Run(f"{BYO_AGENT} dry_run=true", beside=True),
+    # Several environments in one run: its dry run plans each source; tests/unit/test_env_sources.py plays them.
+    "roll-agentic --config-name agentic_mixed": Run(
+        "roll-agentic --config-name agentic_mixed dry_run=true", beside=True
+    ),
     MESSAGES_SFT: Run(f"{MESSAGES_SFT} max_steps=2 eval_steps=2"),
     # The messages file encodes to the prompt/answer file's ids (tests/unit/test_messages_dataset.py), which the
     # command above runs through RLVR.
