@@ -40,11 +40,23 @@ def test_two_steps_of_episodes_train_checkpoint_and_resume(ray_session: None, tm
         assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-6, abs=1e-9), key
 
 
+# Two sources instead of env.name: guess_number as the recipe has it, and the calculator (its episodes end after
+# two answers). Weighted 1:1, seeds 0-3, 4-7 and 8-11 draw 3, 2 and 1 calculator groups of 4; the 8 held-out
+# seeds draw both.
+MIXED = (
+    "~env.kwargs",
+    "++env.sources=[{name: guess, env: guess_number, kwargs: {n: 16, max_turns: 5}}, "
+    "{name: calc, env: calculator_arithmetic, kwargs: {min_digits: 2, max_digits: 2, max_turns: 2}}]",
+)
+CALCULATOR_GROUPS = (3, 2, 1)
+
+
 @pytest.fixture(scope="module")
 def overlapped_on_vllm(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """Three steps whose episodes vLLM (on a device slot of its own) plays during the previous update, the
-    environments in two env-worker actors, with the TIS correction and a checkpoint after each step: the output
-    directory and metrics rows of one run for the tests below."""
+    environments of two sources (guess_number and the calculator, `MIXED`) in two env-worker actors each, with the
+    TIS correction and a checkpoint after each step: the output directory and metrics rows of one run for the tests
+    below."""
     output = tmp_path_factory.mktemp("overlapped_on_vllm")
     return output, run(
         output,
@@ -57,6 +69,7 @@ def overlapped_on_vllm(ray_session: None, tmp_path_factory: pytest.TempPathFacto
         "algorithm.tis_cap=2.0",
         "env.num_env_workers=2",
         "save_steps=1",
+        *MIXED,
     )
 
 
@@ -74,6 +87,22 @@ def test_episodes_played_during_the_previous_update_by_env_workers(overlapped_on
     # before them (one batch of 4 seeds), so a resumed run plays them again.
     state = json.loads((output / "agentic_guess_number" / "checkpoints" / "step_1" / "driver_state.json").read_text())
     assert state["step"] == 1 and state["sampler"] == {"position": 4}
+
+
+def test_each_source_plays_in_env_workers_of_its_own_with_metrics_per_source(
+    overlapped_on_vllm: tuple[Path, list[dict]],
+) -> None:
+    """env.sources: each episode plays its seed's source, built with that source's kwargs in the env workers; the
+    rollout and held-out metrics come per source, and the overall ones are over both."""
+    rows = overlapped_on_vllm[1]
+    for row, calc_groups in zip(rows[1:], CALCULATOR_GROUPS, strict=True):
+        assert row["rollout/calc/env_errors"] == row["rollout/guess/env_errors"] == 0
+        assert 1 <= row["rollout/calc/turns_mean"] <= 2 and 1 <= row["rollout/guess/turns_mean"] <= 5
+        calc, guess = calc_groups * 4, (4 - calc_groups) * 4
+        mean = (calc * row["rollout/calc/turns_mean"] + guess * row["rollout/guess/turns_mean"]) / 16
+        assert row["rollout/turns_mean"] == pytest.approx(mean)
+    for key in ("accuracy", "sampled_success"):
+        assert 0 <= rows[-1][f"val/calc/{key}"] <= 1 and 0 <= rows[-1][f"val/guess/{key}"] <= 1
 
 
 def test_vllm_plays_the_episodes_token_in_token_out(overlapped_on_vllm: tuple[Path, list[dict]]) -> None:
