@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from roll.configs.loader import load_pipeline_config, yaml_names
@@ -19,6 +16,7 @@ from roll.pipeline.base.dry_run.node_estimate import (
 from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.platforms.cpu import CpuPlatform
 from tests.conftest import CONFIG_DIR, REPO_ROOT
+from tests.in_process import Outcome, run_in_process
 from tests.unit.test_hydra_configs import compose_config
 
 RECIPE = "rlvr_qwen2.5_0.5b_cpu"
@@ -100,10 +98,11 @@ def test_a_run_that_will_not_fit_is_a_config_error_naming_its_largest_term() -> 
     assert check_node_memory(config)[0].over  # reported, not refused
 
 
-def start_recipe(*overrides: str) -> subprocess.CompletedProcess:
-    """The RLVR entry point on the recipe, as a user starts it."""
-    command = [sys.executable, "examples/start_rlvr_pipeline.py", f"--config-name={RECIPE}", *overrides]
-    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+def start_recipe(*overrides: str) -> Outcome:
+    """The RLVR entry point on the recipe, as a user starts it, run in this process (where starting Ray fails it)."""
+    return run_in_process(
+        ["python", "examples/start_rlvr_pipeline.py", f"--config-name={RECIPE}", *overrides], REPO_ROOT
+    )
 
 
 def test_the_real_command_refuses_it_before_ray_starts() -> None:
