@@ -149,7 +149,7 @@ def test_a_reservation_ray_cannot_grant_ends_after_the_timeout(resource_manager:
     assert not pending  # the reservation that timed out was removed
 
 
-@pytest.mark.slow  # 22-39 s on 2 cores: four DeepSpeed ranks start and form their groups
+@pytest.mark.slow  # 22-39 s on 2 cores: two roles of two ranks start and form their process groups
 def test_cluster_check_pipeline_runs_colocated_roles(ray_session: None) -> None:
     config = ClusterCheckConfig(platform="cpu", devices_per_node=2, batch_size=4, rounds=1)
     config.actor_train.device_mapping = "0-1"
