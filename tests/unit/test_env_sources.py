@@ -14,7 +14,7 @@ from roll.envs.protocol import SUCCESS
 from roll.envs.registry import register_env
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.agentic.agentic_config import EnvArguments
-from roll.pipeline.agentic.env_rollout import held_out_metrics
+from roll.pipeline.agentic.env_rollout import ALL_FAILED_BATCHES_LIMIT, EnvRollouts, held_out_metrics
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from roll.pipeline.agentic.sources import EnvSource, draw_sources
 from tests.unit.test_multi_turn import ScriptedEngine
@@ -153,3 +153,24 @@ def test_the_dry_run_plans_each_source() -> None:
     assert f"{win}episodes per step (whole groups), {held_out['win']} of 64 held-out seeds" in lines
     assert any(line.startswith("env source lose: test_one_turn") for line in lines)
     assert lines[0].startswith("env win, lose: 32 episodes per step")
+
+
+def test_a_source_whose_episodes_all_fail_stops_the_run_naming_it() -> None:
+    tokenizer = load_tokenizer("tiny://qwen2")
+    broken = {"name": "broken", "env": "tests.unit.test_multi_turn.TwoTurns", "kwargs": {"fail": "raise"}}
+    rollouts = EnvRollouts(_env([_sources()[0], broken]), tokenizer, 0, GeneratingArguments(max_new_tokens=4), False)
+    engine = ScriptedEngine(tokenizer)
+
+    def batch(index: int) -> dict[str, float]:
+        seeds = list(range(8 * index, 8 * index + 8))
+        return rollouts.train_batch(engine, seeds, group_size=2, base_seed=index)[1]  # type: ignore[arg-type]
+
+    assert ALL_FAILED_BATCHES_LIMIT == 3
+    for index in range(2):  # `broken` drawn, every episode of it failed: the run goes on on `win`
+        metrics = batch(index)
+        assert metrics["rollout/win/success"] == 1.0 and metrics["rollout/broken/env_errors"] > 0
+    assert "rollout/broken/success" not in batch(2)  # seeds 16-23 draw no `broken`: no evidence either way
+    with pytest.raises(
+        RuntimeError, match=r"env\.sources\[1\] broken \(tests\.unit\.test_multi_turn\.TwoTurns .*broken"
+    ):
+        batch(3)

@@ -18,8 +18,10 @@ from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
+from roll.pipeline.agentic.sources import group_by_source
 
-# Training batches in a row whose every episode an environment error ended: then the run stops, naming the error.
+# Training batches in a row whose every episode (of one source, with env.sources) an environment error ended: then
+# the run stops, naming the error.
 ALL_FAILED_BATCHES_LIMIT = 3
 
 
@@ -77,7 +79,7 @@ class EnvRollouts:
         self.server = ChatServer() if env.agent else None
         self.rollout = self._rollout(tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.greedy_rollout = self._rollout(tokenizer, pad_id, False, stop_ids)
-        self.all_failed_batches = 0  # training batches in a row whose every episode failed
+        self.all_failed_batches: dict[str, int] = {}  # by source: training batches in a row whose every episode failed
 
     def _rollout(
         self, tokenizer: Any, pad_id: int, with_engine_log_probs: bool, stop_ids: Sequence[int]
@@ -92,22 +94,27 @@ class EnvRollouts:
         """One episode per seed and group member (members adjacent, sharing their seed), and the metrics.
 
         RuntimeError naming the environment's error when every episode of `ALL_FAILED_BATCHES_LIMIT` batches in a
-        row failed: the run would train on nothing."""
+        row failed, or with `env.sources` every episode of one source in the batches that drew it: the run would train
+        on nothing of it."""
         repeated = [seed for seed in seeds for _ in range(group_size)]
         batch, metrics = self.rollout.run(cluster_generate(cluster), repeated, self.generating_args, base_seed)
         self._check_not_all_failed(batch)
         return batch, metrics
 
     def _check_not_all_failed(self, batch: DataProto) -> None:
-        failed = batch.batch["reward_failed"]
-        self.all_failed_batches = self.all_failed_batches + 1 if bool(failed.all()) else 0
-        if self.all_failed_batches >= ALL_FAILED_BATCHES_LIMIT:
-            error = next((e for e in batch.non_tensor_batch["env_error"] if e), "?")
-            raise RuntimeError(
-                f"every episode of the last {self.all_failed_batches} training batches failed in the environment "
-                f"{_environments(self.env)}, so the run would train on nothing; "
-                f"the first episode's error: {error}"
-            )
+        """Count, per source, the training batches in a row whose every episode of that source failed."""
+        failed = batch.batch["reward_failed"].bool().tolist()
+        errors = batch.non_tensor_batch["env_error"]
+        for source, positions in group_by_source(list(batch.non_tensor_batch["env_source"])).items():
+            in_a_row = self.all_failed_batches.get(source, 0) + 1 if all(failed[p] for p in positions) else 0
+            self.all_failed_batches[source] = in_a_row
+            if in_a_row >= ALL_FAILED_BATCHES_LIMIT:
+                error = next((errors[p] for p in positions if errors[p]), "?")
+                raise RuntimeError(
+                    f"every episode of the last {in_a_row} training batches failed in the environment "
+                    f"{_environment(self.env, source)}, so the run would train on nothing of it; "
+                    f"the first episode's error: {error}"
+                )
 
     def held_out(self, cluster: Cluster) -> dict[str, float]:
         """Success over the `eval_episodes` held-out seeds: greedy (`val/accuracy`), and sampled as in training,
@@ -141,8 +148,9 @@ def held_out_metrics(greedy: dict[str, float], sampled: dict[str, float], source
     return metrics
 
 
-def _environments(env: EnvArguments) -> str:
-    """The environments of `env` as its config names them, for an error."""
-    if env.sources:
-        return "env.sources " + ", ".join(f"{s.name} ({s.env}, kwargs {s.kwargs})" for s in env.sources)
+def _environment(env: EnvArguments, source: str) -> str:
+    """The environment of `source` as the config names it, for an error."""
+    for i, s in enumerate(env.sources):
+        if s.name == source:
+            return f"env.sources[{i}] {s.name} ({s.env} with kwargs {s.kwargs})"
     return f"env.name={env.name} (env.kwargs={env.kwargs})"

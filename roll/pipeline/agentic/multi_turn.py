@@ -307,6 +307,7 @@ def episodes_batch(episodes: list[Episode], env: EnvArguments, pad_id: int, with
         "answer": [f"seed {e.seed}, success {e.success:g}" for e in episodes],
         "env_seed": np.array([e.seed for e in episodes], dtype=np.int64),
         "env_error": [e.error for e in episodes],
+        "env_source": [e.source for e in episodes],
     }
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
