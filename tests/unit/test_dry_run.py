@@ -57,3 +57,11 @@ def test_an_agentic_run_plans_its_episodes_turn_budget_and_env_role() -> None:
     assert "128 episodes per step of up to 10 turns; each turn samples <= 2 tokens, an observation <= 32" in text
     assert "<= 256 response tokens per episode" in text and "in 3 env-worker actor(s)" in text
     assert "critic (deepspeed_train, 2 ranks)" in text
+
+
+def test_a_mixed_agentic_run_plans_each_source() -> None:
+    text = "\n".join(report("agentic_mixed"))
+    assert "env calculator, guess_number: 32 episodes per step of up to 5 turns" in text
+    for source, env in (("calculator", "calculator_arithmetic"), ("guess_number", "guess_number")):
+        assert f"env source {source}: {env} with " in text
+    assert "weight 0.5 (50%): about 16.0 of 32 episodes per step (whole groups), 20 of 32 held-out seeds" in text
