@@ -7,8 +7,8 @@ environments held by CPU Ray actors instead of the driver, `sources` several env
 (`env.sources`: each episode's source drawn by weight from its seed, per-source metrics). A user's agent
 (`env.agent`) plays episodes through an OpenAI-compatible endpoint instead: `agent_rollout` runs the agents
 (`agent_runner`) and builds the batch, `chat_server` serves the endpoint, `chat_api` is its wire format,
-`agent_session` an episode's calls and segments of ids as sampled, `generation_queue` the agents' calls batched into actor_infer generations. The command
-`roll-agentic` runs the RLVR pipeline (`roll.pipeline.rlvr`) with an `env:` block, by default
-`examples/config/agentic_calculator.yaml`.
+`agent_session` an episode's calls and segments of ids as sampled, `generation_queue` the agents' calls batched
+into actor_infer generations. The command `roll-agentic` runs the RLVR pipeline (`roll.pipeline.rlvr`) with an
+`env:` block, by default `examples/config/agentic_calculator.yaml`.
 May import: `roll.pipeline.base` and every layer below; `roll.pipeline.rlvr` imports it, never the reverse.
 """
