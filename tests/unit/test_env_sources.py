@@ -3,6 +3,7 @@ by their source's environment in GRPO groups of one source, and the per-source m
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from typing import Any
 
@@ -174,3 +175,19 @@ def test_a_source_whose_episodes_all_fail_stops_the_run_naming_it() -> None:
         RuntimeError, match=r"env\.sources\[1\] broken \(tests\.unit\.test_multi_turn\.TwoTurns .*broken"
     ):
         batch(3)
+
+
+def test_each_source_has_its_own_tools_in_the_prompt_and_its_own_template_check() -> None:
+    tokenizer = load_tokenizer("tiny://qwen2")
+    calc = {"name": "calc", "env": "calculator_arithmetic"}
+    env = _env([{"name": "guess", "env": "guess_number"}, calc], apply_chat_template=True, max_observation_tokens=512)
+    env.check_chat_template(tokenizer, "tiny")
+    rollout = MultiTurnRollout(env, tokenizer, pad_id=0)
+    assert rollout.encoders["guess"].tools == [] and [t["function"]["name"] for t in rollout.encoders["calc"].tools]
+    no_tool_turns = copy.deepcopy(tokenizer)
+    no_tool_turns.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool turns') }}{% endif %}"
+        "{{ m['content'] }}\n{% endfor %}"
+    )
+    with pytest.raises(ConfigError, match=r"env\.sources\[1\]\.env=calculator_arithmetic answers tool calls"):
+        env.check_chat_template(no_tool_turns, "no-tools")
