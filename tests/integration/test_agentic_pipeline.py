@@ -54,7 +54,7 @@ CALCULATOR_GROUPS = (3, 2, 1)
 @pytest.fixture(scope="module")
 def overlapped_on_vllm(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """Three steps whose episodes vLLM (on a device slot of its own) plays during the previous update, the
-    environments of two sources (guess_number and the calculator, `MIXED`) in two env-worker actors each, with the
+    environments of two sources (guess_number and the calculator, `MIXED`) in an env-worker actor each, with the
     TIS correction and a checkpoint after each step: the output directory and metrics rows of one run for the tests
     below."""
     output = tmp_path_factory.mktemp("overlapped_on_vllm")
@@ -67,7 +67,7 @@ def overlapped_on_vllm(ray_session: None, tmp_path_factory: pytest.TempPathFacto
         "actor_infer.strategy_args.strategy_name=vllm",
         "async_generation_ratio=1",
         "algorithm.tis_cap=2.0",
-        "env.num_env_workers=2",
+        "env.num_env_workers=1",  # one actor per source: two env-worker processes in all
         "save_steps=1",
         *MIXED,
     )
