@@ -56,6 +56,10 @@ def run_in_process(argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None
     else:
         (entry,) = metadata.entry_points(group="console_scripts", name=program)
         main, sys_argv, search_path = entry.load(), [program, *args], []
+    # A PYTHONPATH the command sets (`PYTHONPATH=examples/agents roll-agentic ...`) goes on the path after the
+    # script's folder, as a new interpreter puts it there.
+    python_path = (env if env is not None else os.environ).get("PYTHONPATH", "")
+    search_path += [str((Path(cwd) / entry).resolve()) for entry in python_path.split(os.pathsep) if entry]
     stdout, stderr = io.StringIO(), io.StringIO()
     with _restored_process_state(), _ray_refused():
         os.chdir(cwd)

@@ -42,3 +42,14 @@ def test_a_script_ends_with_the_exit_code_a_shell_sees(tmp_path: Path, end: str,
 def test_a_console_script_runs_the_function_it_wraps(tmp_path: Path) -> None:
     outcome = run_in_process(["roll-sweep-report", "--help"], tmp_path)
     assert outcome.returncode == 0 and outcome.stdout.startswith("usage: roll-sweep-report"), outcome
+
+
+def test_a_pythonpath_the_command_sets_makes_its_modules_importable(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "my_agent.py").write_text("NAME = 'mine'\n")
+    (tmp_path / "script.py").write_text("import my_agent\nprint(my_agent.NAME)\n")
+    path = list(sys.path)
+    outcome = run_in_process(["python", "script.py"], tmp_path, os.environ | {"PYTHONPATH": "agents"})
+    assert (outcome.returncode, outcome.stdout) == (0, "mine\n"), outcome
+    assert sys.path == path
+    sys.modules.pop("my_agent", None)
