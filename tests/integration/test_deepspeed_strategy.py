@@ -98,10 +98,13 @@ def start_role(
     lora_rank: int = 0,
     gradient_checkpointing: bool = False,
     offload_dir: str = "",
+    worker_cls: str = WORKER,
+    role: str = "actor",
 ) -> Cluster:
-    """Start `strategy` with `block` on `devices`; with `offload_dir`, phase offloading moves its states there."""
+    """Start `strategy` with `block` on `devices` as `role` in `worker_cls`; with `offload_dir`, phase offloading moves
+    its states there."""
     config = WorkerConfig(
-        worker_cls=WORKER,
+        worker_cls=worker_cls,
         device_mapping=devices,
         infer_batch_size=4,
         model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype, lora_rank=lora_rank),
@@ -118,8 +121,8 @@ def start_role(
             gradient_checkpointing=gradient_checkpointing,
         ),
     )
-    config.resolve("actor", manager.total_devices)
-    cluster = pool.start(WORKER, config, manager)
+    config.resolve(role, manager.total_devices)
+    cluster = pool.start(worker_cls, config, manager)
     cluster.initialize()
     return cluster
 

@@ -19,13 +19,13 @@ import yaml
 from safetensors.torch import load_file
 
 from roll.configs.algorithm_config import AlgorithmArguments
-from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
+from tests.integration.test_deepspeed_strategy import start_role
 from tests.padded_rollouts import padded_rollout
 from tests.worker_pool import HostPool
 
@@ -66,40 +66,21 @@ def rollout() -> DataProto:
 
 
 def start(
-    pool: HostPool,
-    manager: ResourceManager,
-    model_path: str,
-    block: str,
-    offload_dir: str = "",
-    dtype: str = "fp32",
-    gradient_checkpointing: bool = False,
-    devices: str = "0-1",
-    accumulation: int = 2,
+    pool: HostPool, manager: ResourceManager, model_path: str, block: str, offload_dir: str = "", **options
 ) -> Cluster:
-    """The actor on `block`'s backend over `devices`: micro-batches of 2 rows, `accumulation` a step; with
+    """The real actor on `block`'s backend (micro-batches of 2 rows; `options` as `start_role` takes them); with
     `offload_dir`, phase offloading moves its states to a spill file there."""
-    config = WorkerConfig(
+    return start_role(
+        pool,
+        manager,
+        model_path,
+        copy.deepcopy(BLOCKS[block]),
+        strategy=BACKENDS[block],
+        offload_dir=offload_dir,
         worker_cls=WORKER,
-        device_mapping=devices,
-        infer_batch_size=4,
-        model_args=ModelArguments(model_name_or_path=model_path, dtype=dtype),
-        strategy_args=StrategyArguments(
-            strategy_name=BACKENDS[block],
-            strategy_config=copy.deepcopy(BLOCKS[block]),
-            offload_device="nvme" if offload_dir else "cpu",
-            offload_dir=offload_dir,
-        ),
-        training_args=TrainingArguments(
-            learning_rate=2e-3,
-            per_device_train_batch_size=2,
-            gradient_accumulation_steps=accumulation,
-            gradient_checkpointing=gradient_checkpointing,
-        ),
+        role="actor_train",
+        **options,
     )
-    config.resolve("actor_train", manager.total_devices)
-    cluster = pool.start(WORKER, config, manager)
-    cluster.initialize()
-    return cluster
 
 
 def global_loss(results: list[dict[str, float]]) -> float:
