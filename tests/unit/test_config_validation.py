@@ -90,7 +90,7 @@ def test_every_field_declares_a_rule() -> None:
         "AlgorithmArguments",
     }
     expected |= {"DPOConfig", "PreferenceLossArguments", "PreferenceDataArguments"}
-    expected |= {"RMConfig"}
+    expected |= {"RMConfig", "FaultToleranceArguments"}
     expected |= {"DistillConfig", "DistillLossArguments"}
     expected |= {"WorkerConfig", "ModelArguments", "StrategyArguments", "TrainingArguments", "GeneratingArguments"}
     assert {c.__name__ for c in ALL_SCHEMAS} == expected  # PipelineConfig's fields are walked in each pipeline

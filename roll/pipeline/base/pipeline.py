@@ -19,6 +19,7 @@ from roll.distributed.scheduler.initialize import init_ray
 from roll.distributed.scheduler.placement import plan_placement
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.pipeline.base.pipeline_config import PipelineConfig
+from roll.pipeline.base.preemption import StopSignals
 from roll.pipeline.base.residency import Residency
 from roll.platforms import PLATFORM_ENV, get_platform
 
@@ -53,6 +54,15 @@ class BasePipeline(ABC):
         )
         self.clusters: dict[str, Cluster] = {}
         self.hosts: list[ray.actor.ActorHandle] = []  # processes shared by roles (host_shared_roles)
+        # Set by the entry point: the stop signals the loop checks after each step, and the restarts so far, which
+        # every step's metrics carry (roll/pipeline/base/recovery.py).
+        self.stop_signals: StopSignals | None = None
+        self.fault_metrics: dict[str, float] = {}
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether SIGTERM or SIGINT asked the run to stop at the next step boundary (with a checkpoint)."""
+        return self.stop_signals is not None and self.stop_signals.requested
 
     def start_cluster(self, role_name: str, hosts: list[ray.actor.ActorHandle] | None = None) -> Cluster:
         """Start the workers of role `role_name` as configured (in `hosts`, one per rank, if given); remember it."""

@@ -12,6 +12,7 @@ from roll.configs.model_dir import ModelFacts
 from roll.configs.schema import ConfigError, any_value, check, checked_in_validate
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.strategy.registry import strategy_class
+from roll.pipeline.base.fault_tolerance_config import FaultToleranceArguments
 from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.base.resumable import ResumableRun
 
@@ -31,6 +32,10 @@ class TrainingRunConfig(ResumableRun, PipelineConfig):
     eval_steps: int = field(default=25, metadata=check(ge=1))
     eval_batch_size: int = field(default=0, metadata=check(ge=0, hint="0 evaluates every held-out example"))
     save_steps: int = field(default=0, metadata=check(ge=0, hint="0 saves only at the end"))
+    # Checkpoints kept on disk: the newest N complete ones (the latest always); 0 keeps every one.
+    keep_last_n: int = field(default=0, metadata=check(ge=0, hint="0 keeps every checkpoint"))
+    # Restarts after a lost worker or node, and the stop on SIGTERM/SIGINT (docs/fault_tolerance.md).
+    fault_tolerance: FaultToleranceArguments = field(default_factory=FaultToleranceArguments)
     # A checkpoint directory, or "latest" under run_dir/checkpoints.
     resume_from_checkpoint: str = field(
         default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.pipeline import BasePipeline
+from roll.pipeline.base.preemption import Preempted
 from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.training_config import TrainingRunConfig
 from roll.utils.tracking import MetricsTracker, show_progress, timed_evaluation
@@ -82,11 +83,17 @@ class TrainingRunPipeline(BasePipeline):
 
     def save(self, step: int, history: list[dict[str, float]]) -> str:
         """Checkpoint the trained role and the driver's state at `step`; return the checkpoint path."""
-        root, tag = self.config.checkpoint_root, f"step_{step}"
+        config = self.config
+        root, tag = config.checkpoint_root, f"step_{step}"
         self.enter_training()
         self.clusters[self.trained_role].save_checkpoint(str(root / self.trained_role), tag)
-        state = {"step": step, "sampler": self.sampler.state_dict(), "val_history": history}
-        return checkpoint_state.save_driver_state(root, tag, state)
+        state = {
+            "step": step,
+            "sampler": self.sampler.state_dict(),
+            "val_history": history,
+            checkpoint_state.ROLES: [self.trained_role],
+        }
+        return checkpoint_state.save_driver_state(root, tag, state, config.keep_last_n)
 
     def resume(self) -> dict:
         """Restore the trained role and the driver state from `resume_from_checkpoint`; return the driver state."""
@@ -116,10 +123,14 @@ class TrainingRunPipeline(BasePipeline):
                 history.append(timed_evaluation(self.evaluate, step))
                 metrics.update(history[-1])
             metrics["time/step_s"] = time.perf_counter() - started
+            metrics.update(self.fault_metrics)
             tracker.log(metrics, step)
             progress.set_postfix(**self.postfix(metrics, history[-1]))
+            saved = None
             if config.save_steps and step % config.save_steps == 0 and step != config.max_steps:
-                self.save(step, history)
+                saved = self.save(step, history)
+            if self.stop_requested and step != config.max_steps:
+                raise Preempted(step, saved or self.save(step, history))
         self.save(config.max_steps, history)
         export_dir = self.clusters[self.trained_role].export_hf(config.model_export_dir)[0]
         plots = tracker.close()

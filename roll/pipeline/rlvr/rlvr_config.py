@@ -17,6 +17,7 @@ from roll.distributed.weight_sync.plan import SyncMethod, SyncPlan, devices_per_
 from roll.models.model_providers import load_tokenizer
 from roll.models.tiny import TINY_SCHEME
 from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.base.fault_tolerance_config import FaultToleranceArguments
 from roll.pipeline.base.pipeline_config import EXP_NAME, PipelineConfig
 from roll.pipeline.base.resumable import ResumableRun
 from roll.pipeline.base.teacher_checks import (
@@ -137,6 +138,10 @@ class RLVRConfig(ResumableRun, PipelineConfig):
     eval_steps: int = field(default=10, metadata=check(ge=1))
     eval_batch_size: int = field(default=0, metadata=check(ge=0, hint="0 evaluates every held-out problem"))
     save_steps: int = field(default=0, metadata=check(ge=0, hint="0 saves only at the end"))
+    # Checkpoints kept on disk: the newest N complete ones (the latest always); 0 keeps every one.
+    keep_last_n: int = field(default=0, metadata=check(ge=0, hint="0 keeps every checkpoint"))
+    # Restarts after a lost worker or node, and the stop on SIGTERM/SIGINT (docs/fault_tolerance.md).
+    fault_tolerance: FaultToleranceArguments = field(default_factory=FaultToleranceArguments)
     # A checkpoint directory, or "latest" under run_dir/checkpoints.
     resume_from_checkpoint: str = field(
         default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")

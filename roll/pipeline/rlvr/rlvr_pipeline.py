@@ -24,6 +24,7 @@ from roll.pipeline.agentic.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
+from roll.pipeline.base.preemption import Preempted
 from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
 from roll.pipeline.rlvr import phases, step_plan
@@ -465,8 +466,9 @@ class RLVRPipeline(BasePipeline):
             "sampler": sampler,
             "kl_coef": self.kl_controller.value,
             "val_accuracy_history": history_accuracy,
+            checkpoint_state.ROLES: [role for role, _ in self._trained_roles()],
         }
-        return checkpoint_state.save_driver_state(root, tag, state)
+        return checkpoint_state.save_driver_state(root, tag, state, self.config.keep_last_n)
 
     def resume(self) -> dict:
         """Restore roles and driver state from `resume_from_checkpoint`; return the driver state."""
@@ -508,6 +510,7 @@ class RLVRPipeline(BasePipeline):
                 accuracies.append(evaluation["val/accuracy"])
                 metrics.update(evaluation)
             metrics["time/step_s"] = time.perf_counter() - started
+            metrics.update(self.fault_metrics)
             if not config.async_generation_ratio:
                 # Overlapped roles do not add up, and asking actor_infer would wait for its batch in flight.
                 metrics.update(self._overhead(metrics["time/step_s"]))
@@ -517,8 +520,11 @@ class RLVRPipeline(BasePipeline):
                 reward=f"{metrics.get('rollout/score_mean', float('nan')):.2f}",
                 val_acc=f"{accuracies[-1]:.2f}",
             )
+            saved = None
             if config.save_steps and step % config.save_steps == 0 and step != config.max_steps:
-                self.save(step, accuracies)
+                saved = self.save(step, accuracies)
+            if self.stop_requested and step != config.max_steps:
+                raise Preempted(step, saved or self.save(step, accuracies))
         self.save(config.max_steps, accuracies)
         self.residency.enter(phases.ACTOR_UPDATE)
         export_dir = self.clusters["actor_train"].export_hf(config.model_export_dir)[0]

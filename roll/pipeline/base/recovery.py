@@ -1,0 +1,67 @@
+"""Restarting a run whose worker or node died: which checkpoint it resumes from, how long it waits, what it logs.
+
+The entry point stops every role on a WorkerDiedError; with restarts left (`fault_tolerance.max_restarts`), it
+starts the pipeline again in the same process from the last complete checkpoint, with the reservation's timeout
+raised to `fault_tolerance.recovery_timeout_s`: Ray then grants it once the lost resources are back (a
+restarted process, a node that rejoins or replaces the lost one), or the run ends with the death's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from roll.pipeline.base import checkpoint_state
+from roll.pipeline.base.pipeline_config import PipelineConfig
+from roll.utils.console import MILESTONE
+
+logger = logging.getLogger(__name__)
+
+
+class Restarts:
+    """The restarts of one run: how many are left, the config each resumes with, the metrics they add."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        fault_tolerance = getattr(config, "fault_tolerance", None)
+        self.max_restarts = fault_tolerance.max_restarts if fault_tolerance else 0
+        self.recovery_timeout_s = fault_tolerance.recovery_timeout_s if fault_tolerance else 0.0
+        self.done = 0
+        self.fault_at = 0.0  # when the last death was caught (time.monotonic)
+
+    @property
+    def left(self) -> bool:
+        """Whether another restart is allowed."""
+        return self.done < self.max_restarts
+
+    def next_config(self, config: PipelineConfig, fault: BaseException) -> PipelineConfig:
+        """Count a restart after `fault` and log it; the config that resumes from this run's last complete
+        checkpoint (the one it started from when it wrote none), waiting up to `recovery_timeout_s` for placement."""
+        self.done += 1
+        self.fault_at = time.monotonic()
+        resume = config.resume_from_checkpoint  # type: ignore[attr-defined]
+        try:
+            checkpoint_state.latest_complete_tag(config.checkpoint_root)  # type: ignore[attr-defined]
+            resume = "latest"
+        except FileNotFoundError:
+            pass
+        logger.warning(
+            "fault %d of at most %d restarts: %s; every role stopped, restarting them from %s",
+            self.done,
+            self.max_restarts,
+            fault,
+            f"resume_from_checkpoint={resume}" if resume else "the start (no checkpoint yet)",
+            extra=MILESTONE,
+        )
+        return dataclasses.replace(
+            config,
+            resume_from_checkpoint=resume,  # type: ignore[call-arg]
+            placement_timeout_s=self.recovery_timeout_s,
+        )
+
+    def restarted(self) -> dict[str, float]:
+        """The metrics every step after a restart carries: the restarts so far and the last one's time (from the
+        death caught to the roles started again and restored); logged too."""
+        recovery_s = time.monotonic() - self.fault_at
+        logger.warning("restart %d: roles started again in %.1f s", self.done, recovery_s, extra=MILESTONE)
+        return {"fault/restarts": float(self.done), "fault/recovery_s": recovery_s}
