@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 
@@ -52,11 +53,18 @@ class TensorParallelEchoWorker(EchoWorker):
 
 
 class ClosingWorker(EchoWorker):
-    """Writes a file when Cluster.shutdown lets it close."""
+    """Writes a file when Cluster.shutdown lets it close, and another when its process exits normally."""
+
+    def __init__(self, worker_config, env=None) -> None:
+        super().__init__(worker_config, env)
+        atexit.register(self._mark, "exited")
+
+    def _mark(self, what: str) -> None:
+        with open(f"{self.worker_config.env_vars['CLOSED_MARKER']}{what}-{self.rank}", "w") as marker:
+            marker.write(what)
 
     def close(self) -> None:
-        with open(self.worker_config.env_vars["CLOSED_MARKER"] + str(self.rank), "w") as marker:
-            marker.write("closed")
+        self._mark("closed")
 
 
 class ShadowingWorker(EchoWorker):

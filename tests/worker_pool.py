@@ -17,6 +17,7 @@ from __future__ import annotations
 import ray
 
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.executor.actor_exit import end_actors
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.executor.worker_host import WorkerHost
 from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -65,17 +66,16 @@ class HostPool:
         """Check every idle host is clean (AssertionError if not), then kill the idle ones outside KEPT_HOSTS."""
         idle = [key for key in self.hosts if not (key in self.users and self.users[key].workers)]
         self._require_clean(idle)
-        for key in idle:
-            if key not in KEPT_HOSTS:
-                ray.kill(self.hosts.pop(key), no_restart=True)
-                self.users.pop(key, None)
+        leaving = [key for key in idle if key not in KEPT_HOSTS]
+        end_actors([self.hosts.pop(key) for key in leaving])
+        for key in leaving:
+            self.users.pop(key, None)
 
     def close(self) -> None:
         """Check every host is clean (AssertionError if not), then kill them all."""
         try:
             self._require_clean(list(self.hosts))
         finally:
-            for host in self.hosts.values():
-                ray.kill(host, no_restart=True)
+            end_actors(list(self.hosts.values()))
             self.hosts.clear()
             self.users.clear()

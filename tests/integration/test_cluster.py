@@ -11,6 +11,7 @@ import ray
 import torch
 
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.executor.actor_exit import end_actors
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.placement import PlacementError
 from roll.distributed.scheduler.protocol import DataProto
@@ -177,11 +178,30 @@ def test_shutdown_closes_every_worker_then_frees_its_cpus(ray_session: None, tmp
         assert cluster.whoami() == 0 and len(cluster.environment()) == 2
         assert ray.available_resources().get(group, 0.0) == pytest.approx(1.0)
         cluster.shutdown()
-        assert [(tmp_path / f"closed-{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
+        assert [(tmp_path / f"closed-closed-{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
         deadline = time.monotonic() + 30
         while ray.available_resources().get(group, 0.0) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert ray.available_resources().get(group, 0.0) == pytest.approx(3.0)
+        # The processes exited normally (a kill skips atexit handlers, and what they would have written).
+        assert [(tmp_path / f"closed-exited-{rank}").read_text() for rank in (0, 1)] == ["exited", "exited"]
+
+
+def test_an_actor_that_does_not_exit_in_time_is_killed(ray_session: None) -> None:
+    sleeper = ray.remote(num_cpus=0)(Sleeper).remote()
+    busy = sleeper.sleep.remote(120)
+    started = time.monotonic()
+    end_actors([sleeper], timeout_s=1)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(busy, timeout=30)
+    assert time.monotonic() - started < 30
+
+
+class Sleeper:
+    """An actor whose call outlasts the exit deadline."""
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 def test_a_registered_method_may_not_shadow_the_cluster(ray_session: None) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import ray
 
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.executor.actor_exit import end_actors
 from roll.distributed.executor.worker import Worker
 from roll.distributed.executor.worker_host import HostedWorker, WorkerHost, actor_of
 from roll.distributed.scheduler.decorator import DISPATCH_ATTR, Dispatch, collect_results, dispatch_args
@@ -247,16 +248,18 @@ class Cluster:
     def shutdown(self, close_timeout_s: float = 60) -> None:
         """Let every actor release what it started (`Worker.close`: engines, child processes), then kill it; a worker
         in a WorkerHost is closed and removed from its host instead (the host holds other roles too: its owner stops
-        it)."""
+        it). Closed actors exit normally (their `atexit` handlers run); the others are killed."""
         closing = [
             worker.host.remove.remote(worker.role) if isinstance(worker, HostedWorker) else worker.close.remote()
             for worker in self.workers
         ]
+        own = [worker for worker in self.workers if not isinstance(worker, HostedWorker)]
         try:
             ray.get(closing, timeout=close_timeout_s)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:  # killed below all the same
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
             logger.warning("%s: closing its workers failed (%s); killing them", self.name, exc)
-        for worker in self.workers:
-            if not isinstance(worker, HostedWorker):
+            for worker in own:
                 ray.kill(worker, no_restart=True)
+        else:
+            end_actors(own)
         self.workers.clear()

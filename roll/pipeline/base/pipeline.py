@@ -13,6 +13,7 @@ import ray
 
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.executor.actor_exit import end_actors
 from roll.distributed.executor.cluster import Cluster, start_hosts
 from roll.distributed.executor.worker_host import process_groups
 from roll.distributed.scheduler.initialize import init_ray
@@ -118,7 +119,6 @@ class BasePipeline(ABC):
         for cluster in self.clusters.values():
             cluster.shutdown(close_timeout_s)
         self.clusters.clear()
-        for host in self.hosts:
-            ray.kill(host, no_restart=True)
+        end_actors(self.hosts)
         self.hosts.clear()
         self.resource_manager.destroy()
