@@ -109,6 +109,12 @@ def test_a_reward_without_gradient_is_refused_with_the_policy_gradient_option(va
         ({"reward__name": "roll.rewards.image_rewards.build_image_reward"}, "is not a subclass of .*ImageReward"),
         ({"sampling__grad_steps": 9}, "sampling.grad_steps=9 is more than sampling.num_inference_steps=8"),
         ({"sampling__min_timestep": 500, "sampling__max_timestep": 500}, "sampling.min_timestep=500 must be below"),
+        (
+            {"sampling__min_timestep": 100},  # the last of 8 DDIM steps is at timestep 0
+            r"sampling.min_timestep=100 and sampling.max_timestep=1000 leave the last denoising step \(timestep 0",
+        ),
+        ({"actor__max_tokens_per_microbatch": 64}, "actor.max_tokens_per_microbatch=64 and .* must be null"),
+        ({"actor__sequence_packing": True}, "actor.sequence_packing=True must be null and false"),
         ({"batch_size": 16}, "batch_size=16 must equal actor per_device_train_batch_size"),
         ({"warm_start__output_dir": "/tmp/elsewhere"}, "warm_start.output_dir='/tmp/elsewhere' must be actor"),
         ({"warm_start__base_model": "tiny-diffusion://unet?depth=3"}, "warm_start.base_model: .*unknown tiny"),
@@ -136,6 +142,12 @@ def test_relations_between_fields_are_errors_naming_them(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         reward_fl(valid, **changes)
+
+
+def test_a_window_that_ends_at_the_last_step_keeps_the_reward_gradient(valid: dict[str, Any]) -> None:
+    # Of the 8 steps (875 ... 125, 0) the last 3 are 250, 125, 0: the window keeps 125 and 0, a suffix.
+    config = reward_fl(valid, sampling__max_timestep=200, sampling__grad_steps=3)
+    assert config.sampling.max_timestep == 200
 
 
 def test_a_model_directory_without_its_parts_is_refused(valid: dict[str, Any], tmp_path: Path) -> None:

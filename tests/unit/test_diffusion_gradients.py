@@ -23,8 +23,8 @@ def test_gradient_steps_are_the_last_k_within_the_timestep_range() -> None:
         True,
         True,
     ]
-    window = SamplingArguments(num_inference_steps=4, grad_steps=3, min_timestep=100, max_timestep=600)
-    assert gradient_step_mask(timesteps, window) == [False, True, True, False]
+    window = SamplingArguments(num_inference_steps=4, grad_steps=3, max_timestep=300)
+    assert gradient_step_mask(timesteps, window) == [False, False, True, True]
 
 
 def ddim_coefficients(scheduler: DDIMScheduler, timestep: int, previous: int) -> tuple[float, float]:
@@ -181,3 +181,56 @@ def test_a_bf16_model_samples_trains_and_keeps_float32_log_probs(prompts: list[s
     with torch.no_grad():
         rollout = model(**inputs)
     assert rollout.log_probs.dtype == torch.float32 and torch.isfinite(rollout.log_probs).all()
+
+
+@pytest.mark.parametrize(("low", "high"), [(1, 1000), (100, 400)])
+def test_a_window_that_cuts_the_reward_gradient_is_refused(low: int, high: int) -> None:
+    """[1, 1000] leaves out the last step (timestep 0): no step would keep a gradient after the window. [100, 400]
+    keeps 250 but not 0: only the regulariser would train. Both are refused, naming the fields."""
+    timesteps = torch.tensor([750, 500, 250, 0])
+    window = SamplingArguments(num_inference_steps=4, grad_steps=2, min_timestep=low, max_timestep=high)
+    with pytest.raises(ValueError, match=f"sampling.min_timestep={low} and sampling.max_timestep={high} leave"):
+        gradient_step_mask(timesteps, window)
+    scheduler = DDIMScheduler(num_train_timesteps=1000, clip_sample=False, set_alpha_to_one=True)
+    with pytest.raises(ValueError, match="cut the reward's gradient"):
+        denoise(lambda sample, t: 0.1 * sample, scheduler, torch.randn(1, 3, 4, 4), window)
+
+
+def test_a_trained_text_encoder_is_anchored_by_the_frozen_one(prompts: list[str]) -> None:
+    """The reference predicts from the frozen text encoder's conditioning, so the regulariser measures (and pulls
+    back) a text encoder that moved, and its gradient reaches it."""
+    model = tiny_model(["text_encoder"])
+    model.sampling = SamplingArguments(num_inference_steps=3, grad_steps=2, guidance_scale=2.0)
+    inputs = encode_prompts(model.parts.tokenizer, prompts)
+    assert model(**inputs).regulariser.abs().max().item() == 0
+    with torch.no_grad():
+        for param in model.text_encoder.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    regulariser = model(**inputs).regulariser
+    assert regulariser.min().item() > 0
+    regulariser.sum().backward()
+    assert any(grads(model.text_encoder))
+
+
+def test_guidance_conditions_on_the_encoded_empty_prompt(prompts: list[str]) -> None:
+    """The unconditional half is the empty prompt as the tokenizer encodes it (here with an end token, as CLIP's
+    tokenizer adds), the input the warm start's dropped prompts trained on, not a row of padding."""
+    from tokenizers.processors import TemplateProcessing
+
+    parts = load_diffusion_parts(TINY)
+    tokenizer = parts.tokenizer
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single="$A <eos>", special_tokens=[("<eos>", tokenizer.eos_token_id)]
+    )
+    model = RewardFLModel(parts, build_image_reward("brightness"), ["unet"], ModelArguments(), False)
+    empty = encode_prompts(tokenizer, [""] * len(prompts))["input_ids"]
+    assert empty[:, 0].tolist() == [tokenizer.eos_token_id] * len(prompts)
+    model.sampling = SamplingArguments(num_inference_steps=2, grad_steps=1, guidance_scale=2.0)
+    conditioning: list[torch.Tensor] = []
+    model.unet.register_forward_pre_hook(
+        lambda module, args, kwargs: conditioning.append(kwargs["encoder_hidden_states"]), with_kwargs=True
+    )
+    with torch.no_grad():
+        model(**encode_prompts(tokenizer, prompts))
+        expected = model.text_encoder(input_ids=empty).last_hidden_state
+    assert torch.equal(conditioning[0][: len(prompts)], expected)

@@ -24,10 +24,27 @@ def scheduler() -> DDIMScheduler:
     return ddim
 
 
+# What a model's scheduler may say besides the defaults: what the network predicts, and how x_0 is clipped.
+SCHEDULER_VARIANTS = {
+    "epsilon": {},
+    "v_prediction": {"prediction_type": "v_prediction"},
+    "sample": {"prediction_type": "sample"},
+    "clip_sample": {"clip_sample": True, "clip_sample_range": 0.5},
+    "thresholding": {"thresholding": True, "sample_max_value": 0.8},
+}
+
+
+@pytest.mark.parametrize("variant", SCHEDULER_VARIANTS)
 @pytest.mark.parametrize("eta", [0.5, 1.0])
-def test_the_gaussian_is_the_one_diffusers_samples_from(scheduler: DDIMScheduler, eta: float) -> None:
+def test_the_gaussian_is_the_one_diffusers_samples_from(variant: str, eta: float) -> None:
+    """The rollout's step is the scheduler's own, whatever its prediction type, clipping or thresholding, so a
+    policy-gradient run samples as its evaluation (the scheduler's step) does."""
+    scheduler = DDIMScheduler(
+        num_train_timesteps=1000, set_alpha_to_one=True, **{"clip_sample": False, **SCHEDULER_VARIANTS[variant]}
+    )
+    scheduler.set_timesteps(4)
     generator = torch.Generator().manual_seed(0)
-    sample, predicted, noise = (torch.randn(2, 3, 4, 4, generator=generator) for _ in range(3))
+    sample, predicted, noise = (2 * torch.randn(2, 3, 4, 4, generator=generator) for _ in range(3))
     for timestep in scheduler.timesteps[:-1]:
         mean, std = ddim_gaussian(scheduler, predicted, timestep, sample, eta)
         stepped = scheduler.step(predicted, timestep, sample, eta=eta, variance_noise=noise).prev_sample

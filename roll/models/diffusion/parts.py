@@ -40,9 +40,16 @@ def check_diffusion_dir(path: str | Path) -> list[str]:
     return [part for part in REQUIRED_PARTS if not (root / part).is_dir()]
 
 
+def load_diffusion_scheduler(model_name_or_path: str) -> Any:
+    """The scheduler of `model_name_or_path` (a directory or a `tiny-diffusion://` reference), as DDIM."""
+    from diffusers import DDIMScheduler
+
+    return DDIMScheduler.from_pretrained(resolve_diffusion_path(model_name_or_path), subfolder="scheduler")
+
+
 def load_diffusion_parts(model_name_or_path: str, dtype: torch.dtype = torch.float32) -> DiffusionParts:
     """Load every part of `model_name_or_path` (a directory or a `tiny-diffusion://` reference) on the CPU."""
-    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from diffusers import AutoencoderKL, UNet2DConditionModel
 
     root = Path(resolve_diffusion_path(model_name_or_path))
     missing = check_diffusion_dir(root)
@@ -51,7 +58,7 @@ def load_diffusion_parts(model_name_or_path: str, dtype: torch.dtype = torch.flo
     vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=dtype) if (root / "vae").is_dir() else None
     return DiffusionParts(
         unet=UNet2DConditionModel.from_pretrained(root, subfolder="unet", torch_dtype=dtype),
-        scheduler=DDIMScheduler.from_pretrained(root, subfolder="scheduler"),
+        scheduler=load_diffusion_scheduler(str(root)),
         text_encoder=CLIPTextModel.from_pretrained(root / "text_encoder", dtype=dtype),
         tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer"),
         vae=vae,

@@ -46,15 +46,16 @@ class Trajectory:
 def ddim_gaussian(
     scheduler: object, predicted: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor, eta: float
 ) -> tuple[torch.Tensor, float]:
-    """The mean and standard deviation of DDIM's step from `sample` at `timestep` given the predicted noise."""
+    """The mean and standard deviation of the scheduler's stochastic DDIM step from `sample` at `timestep` given the
+    model's output. The mean is `scheduler.step` itself with zero noise, so the model's `prediction_type`,
+    `clip_sample` and `thresholding` shape a rollout's steps as they shape the evaluation's samples."""
     step = scheduler.config.num_train_timesteps // scheduler.num_inference_steps
     previous = int(timestep) - step
     alpha = scheduler.alphas_cumprod[int(timestep)].item()
     alpha_prev = scheduler.alphas_cumprod[previous].item() if previous >= 0 else scheduler.final_alpha_cumprod.item()
     variance = (1 - alpha_prev) / (1 - alpha) * (1 - alpha / alpha_prev)
     std = eta * math.sqrt(max(variance, 0.0))
-    original = (sample - math.sqrt(1 - alpha) * predicted) / math.sqrt(alpha)
-    mean = math.sqrt(alpha_prev) * original + math.sqrt(max(1 - alpha_prev - std**2, 0.0)) * predicted
+    mean = scheduler.step(predicted, timestep, sample, eta=eta, variance_noise=torch.zeros_like(sample)).prev_sample
     return mean, std
 
 

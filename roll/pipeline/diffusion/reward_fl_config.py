@@ -9,13 +9,13 @@ from typing import Any, Literal
 from roll.configs.output_dirs import check_writable
 from roll.configs.schema import ConfigError, Rule, any_value, check, checked_in_validate
 from roll.configs.worker_config import WorkerConfig
-from roll.models.diffusion.parts import TRAINABLE_PARTS, check_diffusion_dir
+from roll.models.diffusion.parts import TRAINABLE_PARTS, check_diffusion_dir, load_diffusion_scheduler
 from roll.models.diffusion.tiny_diffusion import TINY_DIFFUSION_SCHEME, parse_tiny_diffusion
 from roll.pipeline.base.pipeline_config import EXP_NAME
 from roll.pipeline.base.training_config import TrainingRunConfig
 from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments
 from roll.pipeline.diffusion.prompts import PromptDataArguments, load_prompts
-from roll.pipeline.diffusion.sampling import SamplingArguments
+from roll.pipeline.diffusion.sampling import SamplingArguments, gradient_step_mask
 from roll.pipeline.diffusion.warm_start import WarmStartArguments
 from roll.rewards.image_rewards import image_reward_class
 
@@ -124,7 +124,16 @@ class RewardFLConfig(TrainingRunConfig):
                 "actor.model_args.lora_rank > 0 adapts the UNet, which trainable_models does not list; add unet "
                 "or set lora_rank=0"
             )
+        if actor.max_tokens_per_microbatch is not None or actor.sequence_packing:
+            raise ConfigError(
+                f"actor.max_tokens_per_microbatch={actor.max_tokens_per_microbatch} and actor.sequence_packing="
+                f"{actor.sequence_packing} must be null and false: the actor's rows are prompts whose images cost the "
+                "same whatever their tokens, and a token budget would trim per-step tensors as if they were token "
+                "columns"
+            )
         self.check_model()
+        if self.algorithm == "reward_fl":
+            self.check_gradient_window()
         self.check_prompts()
         self.check_resume()
 
@@ -160,6 +169,16 @@ class RewardFLConfig(TrainingRunConfig):
                 "through the denoising steps: choose a differentiable reward, or algorithm=policy_gradient "
                 "(DDPO / Flow-GRPO style, which needs no gradient)"
             )
+
+    def check_gradient_window(self) -> None:
+        """The timestep window keeps the gradient through the last denoising step of the model's scheduler."""
+        model = self.warm_start.base_model or self.actor.model_args.model_name_or_path
+        scheduler = load_diffusion_scheduler(model)
+        scheduler.set_timesteps(self.sampling.num_inference_steps)
+        try:
+            gradient_step_mask(scheduler.timesteps, self.sampling)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def check_model(self) -> None:
         """The actor's model exists, or the warm start will write it there from a base model that exists."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from roll.configs.worker_config import ModelArguments
-from roll.models.diffusion.parts import DiffusionParts, save_diffusion_parts
+from roll.models.diffusion.parts import DiffusionParts, encode_prompts, save_diffusion_parts
 from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments, sample_trajectory, step_log_probs
 from roll.pipeline.diffusion.sampling import NoisePredictor, SamplingArguments, denoise
 from roll.rewards.image_rewards import ImageReward
@@ -92,6 +92,14 @@ class RewardFLModel(torch.nn.Module):
         self.reference_unet = None
         if with_reference and model_args.lora_rank == 0:
             self.reference_unet = copy.deepcopy(self.unet).eval()
+        # The reference conditions on the frozen text encoder's states: from the trained one's, the regulariser
+        # would not anchor the text encoder at all.
+        self.reference_text_encoder = None
+        if with_reference and "text_encoder" in trainable:
+            self.reference_text_encoder = copy.deepcopy(self.text_encoder).eval()
+        # The unconditional input of guidance: the empty prompt as the tokenizer encodes it (with its special
+        # tokens), which is what the dropped prompts of the warm start, and of Stable Diffusion's training, were.
+        self.empty_prompt_ids = encode_prompts(parts.tokenizer, [""])["input_ids"]
         if "text_encoder" in trainable:
             self.text_encoder.requires_grad_(True)
         if "unet" in trainable:
@@ -126,12 +134,24 @@ class RewardFLModel(torch.nn.Module):
         """Recompute each gradient step's noise prediction in backward (training_args.gradient_checkpointing)."""
         self.checkpointed = True
 
-    def encode(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The text encoder's hidden states `[B, T, D]` (no attention mask: padding is attended, as Stable Diffusion
-        conditions); without gradient unless the text encoder trains."""
-        trains = any(p.requires_grad for p in self.text_encoder.parameters())
+    def encode(self, input_ids: torch.Tensor, text_encoder: torch.nn.Module | None = None) -> torch.Tensor:
+        """The hidden states `[B, T, D]` of `text_encoder` (default: the trained one) (no attention mask: padding is
+        attended, as Stable Diffusion conditions); without gradient unless that encoder trains."""
+        text_encoder = text_encoder or self.text_encoder
+        trains = any(p.requires_grad for p in text_encoder.parameters())
         with torch.set_grad_enabled(trains and torch.is_grad_enabled()):
-            return self.text_encoder(input_ids=input_ids).last_hidden_state
+            return text_encoder(input_ids=input_ids).last_hidden_state
+
+    def conditioning(
+        self, input_ids: torch.Tensor, text_encoder: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the prompts' states, the empty prompt's states without gradient, or None without guidance) from
+        `text_encoder` (default: the trained one)."""
+        cond = self.encode(input_ids, text_encoder)
+        if self.sampling.guidance_scale <= 1:
+            return cond, None
+        empty = self.empty_prompt_ids.to(input_ids.device).expand(len(input_ids), -1)
+        return cond, self.encode(empty, text_encoder).detach()
 
     def noise_predictor(self, unet: torch.nn.Module, cond: torch.Tensor, uncond: torch.Tensor | None) -> NoisePredictor:
         """(sample, timestep) -> `unet`'s noise prediction, guided by `guidance_scale` when `uncond` is given."""
@@ -155,11 +175,7 @@ class RewardFLModel(torch.nn.Module):
     ) -> RewardFLOutput | RolloutOutput | PolicyConditioning:
         """Sample one image per prompt of `input_ids`, score it, and measure its distance from the reference (the
         other modes: see the class)."""
-        cond = self.encode(input_ids)
-        uncond = None
-        if self.sampling.guidance_scale > 1:
-            empty = torch.full_like(input_ids, self.parts.tokenizer.pad_token_id)
-            uncond = self.encode(empty).detach()
+        cond, uncond = self.conditioning(input_ids)
         if self.mode == "policy":
             return PolicyConditioning(
                 self.noise_predictor(self.unet, cond, uncond), self.parts.scheduler, self.policy.eta
@@ -171,7 +187,7 @@ class RewardFLModel(torch.nn.Module):
         if self.mode == "rollout":
             return self._rollout(noise, cond, uncond, prompts)
         distances: list[torch.Tensor] = []
-        reference = self._reference_predictor(cond.detach(), uncond) if self.with_reference else None
+        reference = self._reference_predictor(input_ids, cond, uncond) if self.with_reference else None
 
         def regularise(sample: torch.Tensor, timestep: torch.Tensor, predicted: torch.Tensor) -> None:
             with torch.no_grad():
@@ -203,7 +219,14 @@ class RewardFLModel(torch.nn.Module):
             trajectory.timesteps.expand(rows, -1).to(images.device),
         )
 
-    def _reference_predictor(self, cond: torch.Tensor, uncond: torch.Tensor | None) -> NoisePredictor:
+    def _reference_predictor(
+        self, input_ids: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None
+    ) -> NoisePredictor:
+        """The frozen model's noise predictor, conditioned by the frozen text encoder when the trained one moves."""
+        cond = cond.detach()
+        if self.reference_text_encoder is not None:
+            with torch.no_grad():
+                cond, uncond = self.conditioning(input_ids, self.reference_text_encoder)
         if self.reference_unet is not None:
             return self.noise_predictor(self.reference_unet, cond, uncond)
         predict = self.noise_predictor(self.unet, cond, uncond)

@@ -39,12 +39,26 @@ class SamplingArguments:
 
 
 def gradient_step_mask(timesteps: torch.Tensor, args: SamplingArguments) -> list[bool]:
-    """Which of the denoising steps at `timesteps` (in sampling order) keep their gradient."""
+    """Which of the denoising steps at `timesteps` (in sampling order) keep their gradient.
+
+    ValueError, naming the fields, when the steps that keep it do not run on to the last step: a step without
+    gradient after them would cut the reward's gradient (leaving only the regulariser to train), and with none
+    at all nothing would train.
+    """
     count = len(timesteps)
-    return [
+    mask = [
         index >= count - args.grad_steps and args.min_timestep <= int(t) <= args.max_timestep
         for index, t in enumerate(timesteps)
     ]
+    first = mask.index(True) if True in mask else count
+    if first == count or not all(mask[first:]):
+        raise ValueError(
+            f"sampling.min_timestep={args.min_timestep} and sampling.max_timestep={args.max_timestep} leave the last "
+            f"denoising step (timestep {int(timesteps[-1])} of sampling.num_inference_steps={count}) out of the "
+            "gradient window: the steps after the window run without gradient and cut the reward's gradient; widen "
+            f"the window to include timestep {int(timesteps[-1])}"
+        )
+    return mask
 
 
 def denoise(
