@@ -509,6 +509,16 @@ def test_an_output_directory_the_system_refuses_is_a_config_error_not_a_tracebac
     assert not Path(place).exists()
 
 
+def test_resume_from_checkpoint_auto_resumes_when_there_is_a_checkpoint_and_starts_afresh_when_not(
+    tmp_path: Path,
+) -> None:
+    output = f"output_dir={tmp_path}"
+    assert rlvr(output, "resume_from_checkpoint=auto").resume_from_checkpoint == ""
+    config = rlvr(output)
+    save_driver_state(config.checkpoint_root, "step_3", {"step": 3, "sampler": {}, "val_history": []})
+    assert rlvr(output, "resume_from_checkpoint=auto").resume_from_checkpoint == "latest"
+
+
 def test_resume_from_checkpoint_honours_a_full_path_exactly_as_given(tmp_path: Path) -> None:
     other = tmp_path / "other_run" / "checkpoints"
     state = {"step": 2, "sampler": {"epoch": 0, "position": 4}, "val_history": []}

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from roll.configs.schema import ConfigError
-from roll.pipeline.base.checkpoint_state import load_driver_state
+from roll.pipeline.base.checkpoint_state import latest_complete_tag, load_driver_state
+
+AUTO = "auto"  # resume_from_checkpoint: the latest complete checkpoint if there is one, else start afresh
 
 
 class ResumableRun:
@@ -39,7 +41,15 @@ class ResumableRun:
         return self.export_dir or f"{self.run_dir}/model"
 
     def check_resume(self) -> None:
-        """A `resume_from_checkpoint` names a complete checkpoint, else a ConfigError."""
+        """A `resume_from_checkpoint` names a complete checkpoint, else a ConfigError; `auto` becomes `latest` when
+        this run's checkpoints hold a complete one and empty (start afresh) when not, for a job that a scheduler
+        starts again with the same command (a requeued SLURM job, a retried RayJob)."""
+        if self.resume_from_checkpoint == AUTO:
+            try:
+                latest_complete_tag(self.checkpoint_root)
+                self.resume_from_checkpoint = "latest"
+            except FileNotFoundError:
+                self.resume_from_checkpoint = ""
         if not self.resume_from_checkpoint:
             return
         root, tag = self.resume_root, self.resume_tag

@@ -36,7 +36,7 @@ class TrainingRunConfig(ResumableRun, PipelineConfig):
     keep_last_n: int = field(default=0, metadata=check(ge=0, hint="0 keeps every checkpoint"))
     # Restarts after a lost worker or node, and the stop on SIGTERM/SIGINT (docs/fault_tolerance.md).
     fault_tolerance: FaultToleranceArguments = field(default_factory=FaultToleranceArguments)
-    # A checkpoint directory, or "latest" under run_dir/checkpoints.
+    # A checkpoint directory, or "latest" under run_dir/checkpoints, or "auto" (latest if there is one, else afresh).
     resume_from_checkpoint: str = field(
         default="", metadata=checked_in_validate("whether the checkpoint exists is the filesystem's", "step_999999")
     )
