@@ -44,6 +44,14 @@ class SourceArguments:
     task_max_operand: int = field(
         default=19, metadata=check(ge=1, le=199, hint="the task holds 2 x (n + 1)**2 problems, one in five held out")
     )
+    # Rows with images (a vision-language model's data): the column of each row's images (paths, bytes or a hub
+    # image column) for image parts that do not name their own, and the limits every image is checked against
+    # when the data is read.
+    images_key: str = field(default="images", metadata=_COLUMN)
+    max_images_per_prompt: int = field(default=4, metadata=check(ge=1))
+    max_image_pixels: int = field(
+        default=1024 * 1024, metadata=check(ge=28 * 28, hint="width x height of the largest image a row may hold")
+    )
 
 
 @dataclass
@@ -53,7 +61,9 @@ class DataArguments(SourceArguments):
 
     # The built-in task when both files are empty: `a op b=` answered directly, or `a op b+c=` worked in two
     # steps, one a line (`a op b=s`, `s+c=t`: the steps a process reward model of rm_prm_arithmetic.yaml scores).
-    task: Literal["arithmetic", "two_step_arithmetic"] = "arithmetic"
+    # `visual_count` (a vision-language model's built-in task): count the squares in a picture
+    # (`roll.datasets.visual_shapes`).
+    task: Literal["arithmetic", "two_step_arithmetic", "visual_count"] = "arithmetic"
     # Optional for conversations ending with an assistant turn (that turn is then the answer).
     answer_key: str = field(default="answer", metadata=_COLUMN)
     domain_key: str = field(default=DEFAULT_DOMAIN_KEY, metadata=_COLUMN)

@@ -45,6 +45,9 @@ class ModelArguments:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata=check(nonempty=True, items=NAME, expect="the names of the modules LoRA adapts, e.g. [q_proj, v_proj]"),
     )
+    # A vision-language model's vision tower (and its merger into the decoder) keeps its weights in training
+    # when true, as most VLM RL recipes do; false trains it with the rest. Text models have none to freeze.
+    freeze_vision_tower: bool = True
 
 
 @dataclass

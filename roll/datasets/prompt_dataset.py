@@ -13,15 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import datasets
+import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-from roll.configs.data_config import DataArguments, SourceArguments
+from roll.configs.data_config import DEFAULT_DOMAIN, DataArguments, SourceArguments
 from roll.configs.schema import ConfigError
 from roll.datasets.arithmetic import Problem, arithmetic_problems, two_step_problems
 from roll.datasets.chat_format import format_prompt, use_chat_template
+from roll.datasets.image_prompts import encode_image_rows
 from roll.datasets.sources import Source, quiet_progress, read_table, to_conversations
+from roll.datasets.visual_shapes import ShapeProblem, shape_problems
 from roll.distributed.scheduler.protocol import DataProto
+from roll.models.vision_inputs import image_columns
 
 logger = logging.getLogger(__name__)
 BUILT_IN = "the built-in arithmetic task"
@@ -37,16 +41,32 @@ class Example:
     domain: str
     prompt_ids: list[int]
     response_ids: list[int]
+    # A prompt with images (vision-language models): its processed pixels and image grid (`image_prompts`).
+    pixel_values: np.ndarray | None = None
+    image_grid_thw: np.ndarray | None = None
 
 
 def load_splits(
-    data: DataArguments, tokenizer: PreTrainedTokenizerBase, max_response_length: int | None = None
+    data: DataArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    max_response_length: int | None = None,
+    processor: ProcessorMixin | None = None,
 ) -> tuple[list[Example], list[Example]]:
     """Train and held-out examples from `data.train_file` / `data.eval_file`, else the built-in arithmetic task.
 
     Rows too long for `data.max_prompt_length` (or, when given, `max_response_length`) are dropped
-    or refused as `data.too_long` says; rows with an empty answer are dropped (`usable_rows`).
+    or refused as `data.too_long` says; rows with an empty answer are dropped (`usable_rows`). With the
+    `processor` of a vision-language model, rows carry images (`roll.datasets.image_prompts`): the data files'
+    image rows, or the built-in `visual_count` task.
     """
+    if processor is not None:
+        with quiet_progress():
+            return image_splits(data, processor, max_response_length)
+    if data.task == "visual_count":
+        raise ConfigError(
+            "data.task=visual_count shows the model pictures: the model must be a vision-language one "
+            f"(e.g. tiny://qwen2_5_vl), not {tokenizer.name_or_path}"
+        )
     with quiet_progress():
         tables = split_tables(data, lambda table, source: to_conversations(table, data, source), task_table(data))
         train, held_out = (tokenize(table, tokenizer, data, max_response_length, source) for table, source in tables)
@@ -79,6 +99,79 @@ def task_table(data: DataArguments) -> Callable[[Sequence[Problem]], datasets.Da
     if data.task == "two_step_arithmetic":
         return lambda problems: problems_table(two_step_problems(list(problems), data.task_seed))
     return problems_table
+
+
+def image_splits(
+    data: DataArguments, processor: ProcessorMixin, max_response_length: int | None
+) -> tuple[list[Example], list[Example]]:
+    """`load_splits` for a vision-language model: the data files' rows (their images in `data.images_key` or in
+    the image parts), else the built-in task (`visual_count`: pictures; the arithmetic tasks: text alone)."""
+    if data.train_file or data.eval_file:
+        tables = split_tables(data, lambda table, source: table, task_table(data))
+        splits = [([_image_row(row, data, s, i) for i, row in enumerate(t.to_list())], s) for t, s in tables]
+    elif data.task == "visual_count":
+        problems = shape_problems(VISUAL_TRAIN_PROBLEMS, VISUAL_HELD_OUT_PROBLEMS, seed=data.task_seed)
+        splits = [
+            ([_shape_row(p) for p in ps], Source(f"the built-in visual_count task ({name})"))
+            for ps, name in zip(problems, ("train", "held out"), strict=True)
+        ]
+    else:
+        tables = split_tables(data, lambda table, source: table, task_table(data))
+        splits = [(t.to_list(), s) for t, s in tables]
+    examples = []
+    for rows, source in splits:
+        encoded = encode_image_rows(rows, processor, data, source)
+        for row in encoded:
+            row["response_ids"] = response_ids(row.pop("demonstration"), processor.tokenizer)
+        checked = datasets.Dataset.from_dict(
+            {
+                "prompt": [r["prompt"] for r in encoded],
+                "prompt_ids": [r["prompt_ids"] for r in encoded],
+                "response_ids": [r["response_ids"] for r in encoded],
+                _ROW: list(range(len(encoded))),
+            }
+        )
+        kept = usable_rows(checked, data, max_response_length, source, {"response_ids": "demonstration"})
+        examples.append([Example(**encoded[i]) for i in kept[_ROW]])
+    return examples[0], examples[1]
+
+
+_ROW = "row_index"
+VISUAL_TRAIN_PROBLEMS, VISUAL_HELD_OUT_PROBLEMS = 512, 128
+
+
+def _shape_row(problem: ShapeProblem) -> dict[str, Any]:
+    content = [{"type": "image"}, {"type": "text", "text": problem.question}]
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "images": [problem.image],
+        "answer": problem.answer,
+        "demonstration": problem.answer,
+        "domain": DEFAULT_DOMAIN,
+    }
+
+
+def _image_row(row: dict[str, Any], data: DataArguments, source: Source, index: int) -> dict[str, Any]:
+    """A data file's row as `encode_image_rows` reads it: its conversation, images, answer and domain."""
+    prompt = row.get(data.prompt_key)
+    if prompt is None:
+        raise ConfigError(f"{source}: {source.row(index)} has no column {data.prompt_key!r} (data.prompt_key)")
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    demonstration = turns.pop()["content"] if turns and turns[-1].get("role") == "assistant" else None
+    answer = row.get(data.answer_key, demonstration)
+    if answer is None:
+        raise ConfigError(
+            f"{source}: {source.row(index)} has no {data.answer_key!r} (data.answer_key) nor an answer turn"
+        )
+    if demonstration is not None and not isinstance(demonstration, str):
+        raise ConfigError(f"{source}: {source.row(index)}: the assistant turn must be text")
+    return {
+        "messages": turns,
+        "images": row.get(data.images_key) or [],
+        "answer": str(answer),
+        "demonstration": str(answer) if demonstration is None else demonstration,
+        "domain": str(row.get(data.domain_key) or DEFAULT_DOMAIN),
+    }
 
 
 def problems_table(problems: Sequence[Problem]) -> datasets.Dataset:
@@ -218,16 +311,17 @@ def encode_row(
 
 
 def encode_prompts(examples: Sequence[Example], pad_id: int) -> DataProto:
-    """Left-padded prompt ids and masks, with the prompt text, answer and domain per row."""
+    """Left-padded prompt ids and masks, with the prompt text, answer and domain per row, and each row's pixel
+    values and image grid when the examples have images (`roll.models.vision_inputs`)."""
     ids, mask = _pad([e.prompt_ids for e in examples], pad_id, left=True)
-    return DataProto.from_dict(
-        tensors={"input_ids": ids, "attention_mask": mask},
-        non_tensors={
-            "prompt": [e.prompt for e in examples],
-            "answer": [e.answer for e in examples],
-            "domain": [e.domain for e in examples],
-        },
-    )
+    non_tensors = {
+        "prompt": [e.prompt for e in examples],
+        "answer": [e.answer for e in examples],
+        "domain": [e.domain for e in examples],
+    }
+    if any(e.pixel_values is not None for e in examples):
+        non_tensors.update(image_columns([e.pixel_values for e in examples], [e.image_grid_thw for e in examples]))
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask}, non_tensors=non_tensors)
 
 
 def _pad(rows: Sequence[Sequence[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:

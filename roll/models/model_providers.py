@@ -9,6 +9,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -16,6 +17,7 @@ from transformers import (
 )
 
 from roll.configs.worker_config import ModelArguments
+from roll.models.processors import VISION_LANGUAGE_MODEL_TYPES, freeze_vision_tower
 from roll.models.reward_pooling import pool_at_last_attended_token
 from roll.models.tiny import TINY_SCHEME, build_char_tokenizer, resolve_model_path
 from roll.platforms import resolve_dtype
@@ -84,12 +86,19 @@ def load_model(
     if kind == "reward" and config.pad_token_id is None:
         # transformers refuses a batch without a pad id, although the score is read at the last attended token.
         config.pad_token_id = load_tokenizer(str(path)).pad_token_id
-    model = _AUTO_CLASSES[kind].from_pretrained(
+    auto_class = _AUTO_CLASSES[kind]
+    if config.model_type in VISION_LANGUAGE_MODEL_TYPES:
+        if kind != "causal_lm":
+            raise ValueError(f"{model_args.model_name_or_path!r} is a vision-language model: it loads as a policy only")
+        auto_class = AutoModelForImageTextToText
+    model = auto_class.from_pretrained(
         path,
         config=config,
         dtype=dtype or dtype_from_name(model_args.dtype),
         attn_implementation=model_args.attn_implementation,
     )
+    if trainable and model_args.freeze_vision_tower and config.model_type in VISION_LANGUAGE_MODEL_TYPES:
+        freeze_vision_tower(model)
     if model_args.lora_rank > 0:
         from peft import LoraConfig, get_peft_model  # imported on use: peft costs every worker ~0.3 s of CPU
 

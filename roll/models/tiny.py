@@ -173,13 +173,18 @@ def resolve_model_path(model_name_or_path: str, cache_dir: str | None = None) ->
     """A local model directory for `model_name_or_path`; `tiny://...` references are built on first use.
 
     `tiny://qwen2` or `tiny://llama?hidden_size=256&num_layers=4&seed=1` name a tiny model of
-    `TinyModelSpec` fields; it is built once under `cache_dir` (default `$ROLL_CACHE_DIR` or
-    `~/.cache/roll`), under a file lock so concurrent workers build it once, and renamed into place when whole.
+    `TinyModelSpec` fields (`tiny://qwen2_5_vl?...` a vision-language one of `roll.models.tiny_vlm.TinyVLMSpec`);
+    it is built once under `cache_dir` (default `$ROLL_CACHE_DIR` or `~/.cache/roll`), under a file lock so
+    concurrent workers build it once, and renamed into place when whole.
     Other values pass through.
     """
     if not model_name_or_path.startswith(TINY_SCHEME):
         return model_name_or_path
     arch, _, query = model_name_or_path[len(TINY_SCHEME) :].partition("?")
+    if arch == "qwen2_5_vl":
+        from roll.models.tiny_vlm import resolve_tiny_vlm  # it builds on this module
+
+        return resolve_tiny_vlm(query, model_name_or_path, cache_dir)
     fields: dict[str, Any] = {"arch": arch or "qwen2"}
     seed = 0
     for item in filter(None, query.split("&")):

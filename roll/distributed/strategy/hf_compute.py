@@ -25,6 +25,7 @@ from roll.distributed.strategy.micro_batches import (
 )
 from roll.distributed.strategy.strategy import ForwardFunc, Generation
 from roll.models.model_providers import load_tokenizer
+from roll.models.vision_inputs import has_images, image_token_id, model_image_kwargs, vision_token_ids
 from roll.utils.functionals import length_mask
 from roll.utils.sequence_packing import pack_rows, unpack_rows
 
@@ -43,6 +44,17 @@ def model_inputs(batch: DataProto, device: torch.device | str) -> dict[str, torc
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+def images_of(model: Any, batch: DataProto, input_ids: torch.Tensor, device: torch.device | str) -> dict[str, Any]:
+    """The forward keyword arguments of `batch`'s images for `model` (`roll.models.vision_inputs`); {} for a batch
+    without images."""
+    if not has_images(batch):
+        return {}
+    token_id = image_token_id(model)
+    if token_id is None:
+        raise ValueError("the batch holds images but the model is not a vision-language model (no image_token_id)")
+    return model_image_kwargs(batch, input_ids, token_id, device)
+
+
 def micro_batch_output(model: torch.nn.Module, micro_batch: MicroBatch, device: torch.device | str) -> Any:
     """`model`'s output on a micro-batch; a packed one runs as one row and its logits come back per row.
 
@@ -51,8 +63,13 @@ def micro_batch_output(model: torch.nn.Module, micro_batch: MicroBatch, device: 
     Flash-attention also gets the sequences' boundaries as varlen arguments (untested: no GPU ran it).
     """
     inputs = model_inputs(micro_batch.data, device)
+    images = images_of(model, micro_batch.data, inputs["input_ids"], device)
+    if images and micro_batch.packed:
+        raise ValueError("rows with images cannot be packed; set sequence_packing=false for a vision-language model")
     if not micro_batch.packed:
-        return model(**inputs, use_cache=False)
+        if images:
+            inputs.pop("position_ids")  # the model computes its multimodal rotary positions from mask and grids
+        return model(**inputs, **images, use_cache=False)
     packing = pack_rows(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
     varlen = packing.flash_attention_kwargs() if micro_batch.flash_varlen else {}
     output = model(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False, **varlen)
@@ -198,6 +215,9 @@ def generate_in_micro_batches(
     model.eval()
     pad_id, eos_ids = generation_special_ids(model.generation_config)
     kwargs = generation_kwargs(args, pad_id, eos_ids)
+    vision_tokens = vision_token_ids(model)
+    if vision_tokens:  # placed by the processor only: a sampled one would be an image token without an image
+        kwargs["suppress_tokens"] = vision_tokens
     stop_strings = None
     if args.stop_strings:
         if not model_path:
@@ -207,12 +227,25 @@ def generate_in_micro_batches(
         torch.manual_seed(args.seed)
     outputs, lengths, truncated = [], [], []
     for micro_batch in batch.split(micro_batch_size):
+        call_kwargs = kwargs
+        if has_images(micro_batch) and args.num_return_sequences > 1:
+            # generate repeats every tensor by rows, but the images are one tensor of patches: the rows are
+            # repeated here instead, each with its own images.
+            micro_batch = micro_batch.repeat(args.num_return_sequences, interleave=True)
+            call_kwargs = {**kwargs, "num_return_sequences": 1}
         inputs = model_inputs(micro_batch, device)
         inputs.pop("position_ids")  # generate derives positions from the mask at every step
+        images = images_of(model, micro_batch, inputs["input_ids"], device)
         prompt_width = inputs["input_ids"].shape[1]
-        ends = SampleEnds(len(micro_batch) * args.num_return_sequences, prompt_width, eos_ids, stop_strings)
+        rows = len(micro_batch) * call_kwargs["num_return_sequences"]
+        ends = SampleEnds(rows, prompt_width, eos_ids, stop_strings)
         output = model.generate(
-            **inputs, **kwargs, stopping_criteria=StoppingCriteriaList([ends]), synced_gpus=synced_ranks, use_cache=True
+            **inputs,
+            **images,
+            **call_kwargs,
+            stopping_criteria=StoppingCriteriaList([ends]),
+            synced_gpus=synced_ranks,
+            use_cache=True,
         )
         outputs.append(F.pad(output, (0, prompt_width + args.max_new_tokens - output.shape[1]), value=pad_id).cpu())
         micro_lengths, micro_truncated = ends.lengths(output.shape[1] - prompt_width)
