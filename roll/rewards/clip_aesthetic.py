@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roll.rewards.image_rewards import ImageReward
+from roll.rewards.image_rewards import ImageReward, encoder_pixels
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -34,7 +34,6 @@ class CLIPAestheticReward(ImageReward):
 
     def forward(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """The aesthetic score of each image `[B]`."""
-        pixels = F.interpolate(images, size=(self.size, self.size), mode="bilinear", align_corners=False)
-        pixels = (pixels - self.mean.to(pixels.dtype)) / self.std.to(pixels.dtype)
+        pixels = encoder_pixels(images, self.size, self.mean, self.std)
         embeds = self.clip(pixel_values=pixels.to(self.head.weight.dtype)).image_embeds
         return self.head(F.normalize(embeds, dim=-1)).squeeze(-1).to(images.dtype)

@@ -28,7 +28,9 @@ class RewardArguments:
     built with `kwargs`."""
 
     name: str = field(default="redness", metadata=NAME)
-    kwargs: dict[str, Any] = field(default_factory=dict, metadata=any_value("the reward class's own arguments"))
+    kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata=any_value("the reward class's own arguments; its check_kwargs checks them")
+    )
 
 
 @dataclass
@@ -158,9 +160,10 @@ class RewardFLConfig(TrainingRunConfig):
             )
 
     def check_reward(self) -> None:
-        """The reward exists and has a gradient (Reward FL back-propagates it)."""
+        """The reward exists, its kwargs can build it, and it has a gradient (Reward FL back-propagates it)."""
         try:
             reward = image_reward_class(self.reward.name)
+            reward.check_kwargs(self.reward.kwargs, "reward.kwargs")
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         if not reward.differentiable and self.algorithm == "reward_fl":
