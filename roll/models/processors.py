@@ -74,6 +74,11 @@ def freeze_vision_tower(model: torch.nn.Module) -> None:
         param.requires_grad_(False)
 
 
+def processor_for(model_path: str) -> ProcessorMixin | None:
+    """The processor of `model_path` when it is a vision-language model (its rows may carry images), else None."""
+    return load_processor(model_path) if is_vision_language(model_path) else None
+
+
 @functools.cache
 def load_processor(model_path: str) -> ProcessorMixin:
     """The processor saved with `model_path` (its chat template, tokenizer padding on the left, image processor),

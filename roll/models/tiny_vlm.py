@@ -93,10 +93,7 @@ def make_tiny_vlm(output_dir: str | Path, spec: TinyVLMSpec | None = None, seed:
     identity = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
     if read_marker(path, SPEC_MARKER) == identity:
         return path
-    tokenizer = build_char_tokenizer()
-    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in VISION_TOKENS.values()])
-    tokenizer.model_max_length = spec.max_position_embeddings
-    tokenizer.chat_template = TINY_VLM_CHAT_TEMPLATE
+    tokenizer = _vlm_tokenizer(spec)
     processor = image_only_processor(tokenizer, max_pixels=spec.max_image_pixels, chat_template=TINY_VLM_CHAT_TEMPLATE)
     config = Qwen2_5_VLConfig(**_config_kwargs(spec, tokenizer))
     with torch.random.fork_rng(devices=[]):
@@ -108,6 +105,15 @@ def make_tiny_vlm(output_dir: str | Path, spec: TinyVLMSpec | None = None, seed:
     processor.save_pretrained(path)
     write_marker(path, SPEC_MARKER, identity)
     return path
+
+
+def _vlm_tokenizer(spec: TinyVLMSpec) -> Any:
+    """The character-level tokenizer with Qwen's vision tokens and the tiny VLM chat template."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in VISION_TOKENS.values()])
+    tokenizer.model_max_length = spec.max_position_embeddings
+    tokenizer.chat_template = TINY_VLM_CHAT_TEMPLATE
+    return tokenizer
 
 
 def _config_kwargs(spec: TinyVLMSpec, tokenizer: Any) -> dict[str, Any]:
@@ -155,8 +161,22 @@ def _config_kwargs(spec: TinyVLMSpec, tokenizer: Any) -> dict[str, Any]:
     }
 
 
+def tiny_vlm_config(query: str, reference: str) -> dict[str, Any]:
+    """The config.json `tiny://qwen2_5_vl?<query>` would be built with, without building it (for the dry run)."""
+    spec, _ = _parse(query, reference)
+    tokenizer = _vlm_tokenizer(spec)
+    return {"model_type": VLM_ARCH, "dtype": "float32", **Qwen2_5_VLConfig(**_config_kwargs(spec, tokenizer)).to_dict()}
+
+
 def resolve_tiny_vlm(query: str, reference: str, cache_dir: str | None = None) -> str:
     """The cache directory of `tiny://qwen2_5_vl?<query>` (TinyVLMSpec fields and `seed`), built on first use."""
+    spec, seed = _parse(query, reference)
+    identity = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
+    build = lambda path: make_tiny_vlm(path, spec, seed)  # noqa: E731
+    return build_in_cache("tiny_vlm", spec, seed, build, (SPEC_MARKER, identity), cache_dir)
+
+
+def _parse(query: str, reference: str) -> tuple[TinyVLMSpec, int]:
     fields: dict[str, int] = {}
     seed = 0
     for item in filter(None, query.split("&")):
@@ -168,7 +188,4 @@ def resolve_tiny_vlm(query: str, reference: str, cache_dir: str | None = None) -
         else:
             valid = ", ".join(["seed", *TinyVLMSpec.__dataclass_fields__])
             raise ValueError(f"{reference!r}: unknown tiny-model option {key!r}; valid: {valid}")
-    spec = TinyVLMSpec(**fields)
-    identity = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
-    build = lambda path: make_tiny_vlm(path, spec, seed)  # noqa: E731
-    return build_in_cache("tiny_vlm", spec, seed, build, (SPEC_MARKER, identity), cache_dir)
+    return TinyVLMSpec(**fields), seed

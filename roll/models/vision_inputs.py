@@ -39,11 +39,16 @@ def has_images(batch: DataProto) -> bool:
     return PIXEL_VALUES in batch.non_tensor_batch
 
 
+def _unwrapped(model: Any) -> Any:
+    """The module inside engines that wrap one (DeepSpeed's engine forwards attributes, its `config` is its own)."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
 def image_token_id(model: Any) -> int | None:
     """The image token id of the Hugging Face model inside `model` (an engine or wrapper), None for a text model."""
-    while not hasattr(model, "get_input_embeddings") and hasattr(model, "module"):
-        model = model.module  # a DeepSpeed engine
-    config = getattr(model, "config", None)
+    config = getattr(_unwrapped(model), "config", None)
     return getattr(config, "image_token_id", None)
 
 
@@ -52,9 +57,7 @@ def vision_token_ids(model: Any) -> list[int]:
     processor places: generation never samples them. Empty for a text model."""
     if image_token_id(model) is None:
         return []
-    while not hasattr(model, "get_input_embeddings") and hasattr(model, "module"):
-        model = model.module
-    config = model.config
+    config = _unwrapped(model).config
     names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return [getattr(config, name) for name in names if getattr(config, name, None) is not None]
 

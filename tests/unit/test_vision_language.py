@@ -14,18 +14,20 @@ from PIL import Image
 
 from roll.configs.data_config import DataArguments
 from roll.configs.schema import ConfigError
-from roll.configs.worker_config import GeneratingArguments, ModelArguments
+from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
 from roll.datasets.image_prompts import encode_image_rows
 from roll.datasets.prompt_dataset import encode_demonstrations, encode_prompts, load_splits
 from roll.datasets.sources import Source
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.hf_compute import forward_in_micro_batches, optimizer_step_losses
 from roll.distributed.strategy.hf_strategy import HfInferStrategy
+from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.strategy.response_scores import log_probs_forward
 from roll.models.model_providers import load_model
 from roll.models.processors import is_vision_language, load_processor
 from roll.models.tiny_vlm import make_tiny_vlm
 from roll.models.vision_inputs import IMAGE_GRID_THW, PIXEL_VALUES
+from roll.pipeline.base.dry_run.model_shape import model_shape
 from roll.pipeline.base.rl_workers import split_generation
 from roll.utils.functionals import masked_mean, response_log_probs
 
@@ -64,6 +66,10 @@ def test_tiny_vlm_is_a_qwen2_5_vl_with_a_vision_tower(vlm_dir: Path) -> None:
     assert not is_vision_language("tiny://qwen2")
     processor = load_processor(str(vlm_dir))
     assert processor.image_token_id == model.config.image_token_id
+    # The dry run counts every parameter, the vision tower's included, from the reference and from the directory.
+    total, visual = sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.model.visual.parameters())
+    assert model_shape("tiny://qwen2_5_vl").param_count() == model_shape(str(vlm_dir)).param_count() == total
+    assert model_shape(str(vlm_dir)).vision_params == visual
 
 
 def test_visual_task_rows_carry_their_images(splits: tuple[list, list]) -> None:
@@ -157,3 +163,16 @@ def test_training_with_images_freezes_or_trains_the_vision_tower(vlm_dir: Path, 
         assert all(p.requires_grad != frozen for p in visual)
         assert (all(p.grad is None for p in visual)) == frozen
         assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_generation_engines_refuse_a_vision_language_model(vlm_dir: Path) -> None:
+    """vLLM takes token ids alone in roll: a vision-language role on it is a config error naming the field (SGLang,
+    the other engine, is refused on CPU before this check could be reached)."""
+    for name in ("vllm",):
+        role = WorkerConfig(
+            model_args=ModelArguments(model_name_or_path=str(vlm_dir)),
+            strategy_args=StrategyArguments(strategy_name=name),
+        )
+        role.name = "actor_infer"
+        with pytest.raises(ConfigError, match=rf"actor_infer.strategy_args.strategy_name={name}: .* vision-language"):
+            strategy_class(name).check_config(role)

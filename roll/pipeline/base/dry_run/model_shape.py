@@ -1,8 +1,8 @@
 """The shape of a model and its parameter count, read from its config.json alone.
 
-Counts are exact for the dense decoders it knows (llama, mistral, qwen2, qwen3 layouts); a mixture of
-experts is refused. Reading a model directory imports no torch and builds nothing (a `tiny://` reference
-imports the tiny-model module for its tokenizer's size, but builds no model).
+Counts are exact for the dense decoders it knows (llama, mistral, qwen2, qwen3 layouts) and for the vision
+tower of a Qwen2.5-VL; a mixture of experts is refused. Reading a model directory imports no torch and builds
+nothing (a `tiny://` reference imports the tiny-model module for its tokenizer's size, but builds no model).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class ModelShape:
     qk_norm: bool = False
     max_positions: int | None = None
     stored_dtype: str | None = None  # the checkpoint's dtype in roll's names (fp32, bf16, fp16), when it says
+    vision_params: int = 0  # a vision-language model's vision tower and patch merger (`vision_tower_params`)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -55,7 +56,8 @@ class ModelShape:
         except KeyError as exc:
             raise ValueError(f"model_type={model_type!r}: config has no {exc.args[0]}") from exc
         attention_bias = bool(merged.get("attention_bias", False))
-        qwen2 = model_type == "qwen2"  # Qwen2 has q/k/v biases whatever the config says, and no o_proj bias
+        # Qwen2 (and Qwen2.5-VL's decoder) has q/k/v biases whatever the config says, and no o_proj bias.
+        qwen2 = model_type in ("qwen2", "qwen2_5_vl", "qwen2_5_vl_text")
         return cls(
             hidden_size=hidden,
             num_heads=heads,
@@ -68,6 +70,7 @@ class ModelShape:
             qk_norm=model_type.startswith("qwen3"),
             max_positions=merged.get("max_position_embeddings"),
             stored_dtype=_STORED_DTYPES.get(str(merged.get("dtype") or merged.get("torch_dtype"))),
+            vision_params=vision_tower_params(config["vision_config"]) if config.get("vision_config") else 0,
             **shape,
         )
 
@@ -105,7 +108,8 @@ class ModelShape:
     def param_count(self, kind: str = "causal_lm") -> int:
         """All parameters of the model as roll loads it: `causal_lm`, `value` (one value per token) or `reward`."""
         embeddings = self.vocab_size * self.hidden_size
-        return embeddings + self.num_layers * self.layer_params() + self.hidden_size + self.head_params(kind)
+        decoder = embeddings + self.num_layers * self.layer_params() + self.hidden_size + self.head_params(kind)
+        return decoder + self.vision_params
 
     def largest_param(self) -> int:
         """Elements of the largest single weight (embeddings or an MLP matrix)."""
@@ -119,6 +123,19 @@ class ModelShape:
     def facts(self) -> ModelFacts:
         """The sizes config validation reads (positions, layers, KV width)."""
         return ModelFacts(self.max_positions, self.num_layers, self.num_kv_heads * self.head_dim)
+
+
+def vision_tower_params(vision: Mapping[str, Any]) -> int:
+    """Parameters of a Qwen2.5-VL vision tower from its `vision_config`: the patch embedding (a bias-free 3D
+    convolution), `depth` blocks (two RMSNorms, qkv and output projections, a gated MLP, all with biases) and the
+    merger (an RMSNorm, then an MLP from 2 x 2 merged patches to the decoder's width)."""
+    hidden, inter, depth = vision["hidden_size"], vision["intermediate_size"], vision["depth"]
+    patch = vision.get("in_channels", 3) * vision.get("temporal_patch_size", 2) * vision.get("patch_size", 14) ** 2
+    block = 2 * hidden + (hidden * 3 * hidden + 3 * hidden) + (hidden * hidden + hidden)
+    block += 2 * (hidden * inter + inter) + (inter * hidden + hidden)
+    merged = hidden * vision.get("spatial_merge_size", 2) ** 2
+    merger = hidden + (merged * merged + merged) + (merged * vision["out_hidden_size"] + vision["out_hidden_size"])
+    return patch * hidden + depth * block + merger
 
 
 def model_shape(model_name_or_path: str) -> ModelShape:
@@ -138,6 +155,10 @@ def tiny_shape(reference: str) -> ModelShape:
     from roll.models.tiny import TINY_SCHEME, TinyModelSpec, _config_kwargs, build_char_tokenizer
 
     arch, _, query = reference[len(TINY_SCHEME) :].partition("?")
+    if arch == "qwen2_5_vl":
+        from roll.models.tiny_vlm import tiny_vlm_config
+
+        return ModelShape.from_config(tiny_vlm_config(query, reference))
     fields: dict[str, Any] = {"arch": arch or "qwen2"}
     for item in filter(None, query.split("&")):
         key, _, value = item.partition("=")
