@@ -4,6 +4,7 @@ the driver's schedule (which generation runs with which weights, and when the we
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,8 +15,8 @@ from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.base.residency import Residency
-from roll.pipeline.rlvr.async_generation import POLICY_VERSION, InFlightRollout, PolicyVersions
-from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+from roll.pipeline.rlvr.async_generation import POLICY_VERSION, InFlightRollout, PolicyVersions, save_in_flight
+from roll.pipeline.rlvr.rlvr_pipeline import IN_FLIGHT, RLVRPipeline
 from tests.unit.test_config_validation import rlvr
 
 # actor_train and the reference on device 0, actor_infer on device 1 of the 2 on this machine.
@@ -93,7 +94,7 @@ def test_staleness_is_updates_since_the_sampling_weights_and_bounded() -> None:
 
 def test_in_flight_rollout_tags_its_rows_with_its_version_once() -> None:
     future = FakeFuture(DataProto.from_dict(tensors={"responses": torch.zeros(3, 2)}))
-    rollout = InFlightRollout(step=2, future=future, sampler_state={"position": 8}, version=5)
+    rollout = InFlightRollout(step=2, future=future, version=5)
     assert rollout.result().non_tensor_batch[POLICY_VERSION].tolist() == [5, 5, 5]
     assert rollout.result() is rollout.result() and future.gets == 1
 
@@ -136,7 +137,8 @@ class FakeSampler:
 
     def next_batch(self) -> list[SimpleNamespace]:
         self.position += 2
-        return [SimpleNamespace(prompt_ids=[1, 2], prompt="1+1=", answer="2", domain="math")] * 2
+        example = SimpleNamespace(prompt_ids=[1, 2], prompt="1+1=", answer="2", domain="math", pixel_values=None)
+        return [example] * 2
 
     def state_dict(self) -> dict[str, int]:
         return {"position": self.position}
@@ -168,10 +170,10 @@ def fake_pipeline(k: int, max_steps: int, log: list[str]) -> RLVRPipeline:
     return pipeline
 
 
-def run_steps(pipeline: RLVRPipeline, steps: int) -> list[dict[str, float]]:
-    """`_rollout` of each step, then an actor update as `step` makes it."""
+def run_steps(pipeline: RLVRPipeline, steps: int, first: int = 1) -> list[dict[str, float]]:
+    """`_rollout` of each step from `first` to `steps`, then an actor update as `step` makes it."""
     all_metrics = []
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         metrics: dict[str, float] = {}
         batch = pipeline._rollout(step, metrics, {})
         assert len(batch) == 4
@@ -213,4 +215,25 @@ def test_in_flight_rollout_keeps_the_sampler_state_before_its_prompts() -> None:
     pipeline._rollout(1, {}, {})
     assert pipeline.sampler.position == 4  # step 1's prompts and step 2's, in flight
     assert pipeline.in_flight is not None and pipeline.in_flight.step == 2
-    assert pipeline.in_flight.sampler_state == {"position": 2}
+
+
+def test_a_checkpoint_with_a_batch_in_flight_resumes_the_uninterrupted_schedule(tmp_path: Path) -> None:
+    """k=1, saved after step 2 with step 3's batch in flight: the resumed run trains on that very batch (no
+    generate of seed 103 again), with the staleness and the generate/sync order of the uninterrupted run."""
+    uninterrupted_log: list[str] = []
+    uninterrupted = run_steps(fake_pipeline(1, max_steps=4, log=uninterrupted_log), 4)
+    log: list[str] = []
+    before = fake_pipeline(1, max_steps=4, log=log)
+    metrics = run_steps(before, 2)
+    assert before.in_flight is not None
+    state = {
+        "policy_versions": {"trained": before.versions.trained, "served": before.versions.served},
+        IN_FLIGHT: save_in_flight(before.in_flight, tmp_path),
+    }
+    after = fake_pipeline(1, max_steps=4, log=log)
+    after.weights_stale = True  # as `resume` leaves it: actor_infer must get the checkpoint's weights
+    after.restore_schedule(tmp_path, state)
+    metrics += run_steps(after, 4, first=3)
+    assert log == uninterrupted_log
+    staleness = ("rollout/staleness_mean", "rollout/staleness_max")
+    assert [[m[key] for key in staleness] for m in metrics] == [[m[key] for key in staleness] for m in uninterrupted]

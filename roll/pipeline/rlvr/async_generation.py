@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+import torch
 
 from roll.distributed.executor.cluster import ClusterFuture
 from roll.distributed.scheduler.protocol import DataProto
@@ -78,15 +80,26 @@ class PolicyVersions:
 
 
 @dataclass
-class InFlightRollout:
-    """A generation call for step `step` by the weights of policy `version`, and the sampler's state before its prompts.
+class ReadyBatch:
+    """A batch generated already (the in-flight batch a checkpoint stored), as a pending one."""
 
-    Saving a checkpoint while it runs stores `sampler_state`, so a resumed run draws these prompts again.
+    batch: DataProto
+
+    def get(self) -> DataProto:
+        """The batch."""
+        return self.batch
+
+
+@dataclass
+class InFlightRollout:
+    """A generation call for step `step` by the weights of policy `version`.
+
+    A checkpoint saved while it runs waits for its batch and stores it (`save_in_flight`): a resumed run trains on
+    the very batch the uninterrupted run trained on, sampled by the same, older, weights.
     """
 
     step: int
     future: ClusterFuture | PendingBatch
-    sampler_state: dict[str, Any]
     version: int
     _result: DataProto | None = field(default=None, init=False)
 
@@ -96,3 +109,19 @@ class InFlightRollout:
             self._result = self.future.get()
             self._result.non_tensor_batch[POLICY_VERSION] = np.full(len(self._result), self.version, dtype=np.int64)
         return self._result
+
+
+IN_FLIGHT_FILE = "in_flight_batch.pt"
+
+
+def save_in_flight(rollout: InFlightRollout, directory: Path) -> dict[str, int]:
+    """Wait for `rollout`'s batch and write it to `directory`; what `load_in_flight` needs beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(rollout.result(), directory / IN_FLIGHT_FILE)
+    return {"step": rollout.step, "version": rollout.version}
+
+
+def load_in_flight(directory: Path, saved: dict[str, int]) -> InFlightRollout:
+    """The in-flight rollout `save_in_flight` stored in `directory`, its batch ready."""
+    batch = torch.load(directory / IN_FLIGHT_FILE, weights_only=False)
+    return InFlightRollout(saved["step"], ReadyBatch(batch), saved["version"])

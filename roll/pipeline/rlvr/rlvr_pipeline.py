@@ -19,9 +19,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.engine_strategy import generation_stop_ids
 from roll.distributed.strategy.response_scores import LOG_PROB_TEMPERATURE
 from roll.models.model_providers import load_tokenizer
-from roll.models.processors import processor_for
 from roll.models.tiny import resolve_model_path
-from roll.models.vision_inputs import IMAGE_KEYS
 from roll.pipeline.agentic.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
@@ -30,7 +28,13 @@ from roll.pipeline.base.preemption import Preempted
 from roll.pipeline.base.residency import Phase
 from roll.pipeline.base.rl_workers import MAX_RESPONSE_LENGTH, WITH_ENGINE_LOG_PROBS
 from roll.pipeline.rlvr import phases, step_plan
-from roll.pipeline.rlvr.async_generation import BackgroundCall, InFlightRollout, PolicyVersions
+from roll.pipeline.rlvr.async_generation import (
+    BackgroundCall,
+    InFlightRollout,
+    PolicyVersions,
+    load_in_flight,
+    save_in_flight,
+)
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKERS, RLVRConfig
 from roll.pipeline.rlvr.rollout import (
     add_overlong_penalty,
@@ -46,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 # meta_info key of an episode batch: the rollout's metrics (success, turns, tool use), logged with its step.
 EPISODE_METRICS = "episode_metrics"
+# Driver state key: the step and policy version of the batch in flight when the checkpoint was saved (or None).
+IN_FLIGHT = "in_flight"
 
 
 class RLVRPipeline(BasePipeline):
@@ -73,9 +79,7 @@ class RLVRPipeline(BasePipeline):
                 generation_stop_ids(resolve_model_path(config.actor_infer.model_args.model_name_or_path)),
             )
         else:
-            self.train_examples, self.eval_examples = load_splits(
-                config.data, self.tokenizer, processor=processor_for(config.actor_train.model_args.model_name_or_path)
-            )
+            self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
             if config.eval_batch_size:
                 self.eval_examples = self.eval_examples[: config.eval_batch_size]
             self.sampler = make_sampler(
@@ -165,14 +169,13 @@ class RLVRPipeline(BasePipeline):
     def _launch(self, step: int) -> InFlightRollout:
         """Start generating `step`'s batch with actor_infer's current weights (non-blocking): its prompts, or
         (with `env`) its episodes, played in a thread of the driver."""
-        sampler_state = self.sampler.state_dict()
         if self.env_rollouts is not None:
             seeds = self.sampler.next_batch()
             future = BackgroundCall(lambda: self._episodes(seeds, step))
         else:
             prompts, generating_args = self._generation_request(step)
             future = self.clusters["actor_infer"].generate(prompts, generating_args, blocking=False)
-        return InFlightRollout(step, future, sampler_state, self.versions.served)
+        return InFlightRollout(step, future, self.versions.served)
 
     def _generate_now(self, step: int) -> DataProto:
         """`step`'s batch generated with actor_infer's current weights, waited for."""
@@ -349,8 +352,7 @@ class RLVRPipeline(BasePipeline):
             metrics["actor/overlong_filtered_fraction"] = fraction
         # What the losses read: not the scores, nor the teacher's log-probs (already in the token rewards).
         unread = ("scores", "verifier_scores", "teacher_log_probs")
-        images = [k for k in IMAGE_KEYS if k in batch.non_tensor_batch]  # every forward pass of the update reads them
-        train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=images)
+        train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=[])
         for role, phase in reversed(self._trained_roles()):  # the critic's update, then actor_train's
             prefix = "actor" if role == "actor_train" else role
             with self.residency.timed(phase, timings):
@@ -464,11 +466,11 @@ class RLVRPipeline(BasePipeline):
         for role, phase in self._trained_roles():
             self.residency.enter(phase)
             self.clusters[role].save_checkpoint(str(root / role), tag)
-        # A generation in flight drew its prompts already: a resumed run must draw them again.
-        sampler = self.sampler.state_dict() if self.in_flight is None else self.in_flight.sampler_state
         state = {
             "step": step,
-            "sampler": sampler,
+            "sampler": self.sampler.state_dict(),  # past the prompts of a batch in flight, which is saved beside
+            "policy_versions": {"trained": self.versions.trained, "served": self.versions.served},
+            IN_FLIGHT: None if self.in_flight is None else save_in_flight(self.in_flight, root / tag),
             "kl_coef": self.kl_controller.value,
             "val_accuracy_history": history_accuracy,
             checkpoint_state.ROLES: [role for role, _ in self._trained_roles()],
@@ -486,7 +488,16 @@ class RLVRPipeline(BasePipeline):
         self.sampler.load_state_dict(state["sampler"])
         self.kl_controller.value = state["kl_coef"]
         self.weights_stale = True
+        self.restore_schedule(root / tag, state)
         return state
+
+    def restore_schedule(self, directory: Path, state: dict) -> None:
+        """The policy versions and the batch in flight (overlapped generation) of checkpoint `directory`'s state;
+        a checkpoint from before they were saved resumes with a fresh count and generates its next batch anew."""
+        versions = state.get("policy_versions", {"trained": 0, "served": 0})
+        self.versions.trained, self.versions.served = versions["trained"], versions["served"]
+        if state.get(IN_FLIGHT):
+            self.in_flight = load_in_flight(directory, state[IN_FLIGHT])
 
     def shutdown(self, close_timeout_s: float = 60) -> None:
         """Close the environments (with `env` set), then stop every role."""
