@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from roll.distributed.scheduler.resource_manager import ResourceManager
     from tests.worker_pool import HostPool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,17 @@ def host_pool(ray_session: None) -> Iterator[HostPool]:
     pool = HostPool()
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="module")
+def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
+    """A reservation of two CPU device slots for the test module (a module may define its own instead)."""
+    from roll.distributed.scheduler.resource_manager import ResourceManager
+    from roll.platforms import get_platform
+
+    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
+    yield manager
+    manager.destroy()
 
 
 @pytest.fixture(scope="module", autouse=True)

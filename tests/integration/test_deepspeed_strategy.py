@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,13 +74,6 @@ def eos_list_path(model_path: str, batch: DataProto, tmp_path_factory: pytest.Te
     model.config.save_pretrained(path)
     GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos_ids).save_pretrained(path)
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
-    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
-    yield manager
-    manager.destroy()
 
 
 def start_role(

@@ -9,7 +9,6 @@ checkpoint.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,13 +39,6 @@ pytestmark = pytest.mark.slow
 # Rank 0 holds rows 0-7 and rank 1 rows 8-15, 4 of each a step: one rank with twice the accumulation sees the same
 # 8 rows a step in this order.
 SAME_STEPS_ON_ONE_RANK = [*range(0, 4), *range(8, 12), *range(4, 8), *range(12, 16)]
-
-
-@pytest.fixture(scope="module")
-def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
-    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
-    yield manager
-    manager.destroy()
 
 
 @pytest.fixture(scope="module")

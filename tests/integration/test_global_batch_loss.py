@@ -11,7 +11,6 @@ small to move an fp32 weight, so every update of a cluster sees the same weights
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,7 +22,6 @@ from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.tiny import TinyModelSpec, make_tiny_model
-from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
 from tests.padded_rollouts import padded_rollout
 from tests.worker_pool import HostPool
@@ -35,13 +33,6 @@ RESPONSE_LENGTHS = [2, 0, 3, 1, 8, 7, 8, 6]  # rank 0's rows are the first 4
 STEP_ENDS = [[1], [], [2], [0], [1, 4, 7], [1, 4], [1, 4, 7], [1, 4]]  # the PRM's: 3 on rank 0, 10 on rank 1
 MODES = ["token-mean", "seq-mean-token-sum"]
 TOLERANCE = {"atol": 1e-6, "rtol": 1e-4}
-
-
-@pytest.fixture(scope="module")
-def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
-    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
-    yield manager
-    manager.destroy()
 
 
 @pytest.fixture(scope="module")

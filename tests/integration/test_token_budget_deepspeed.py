@@ -9,7 +9,6 @@ layouts; its learning rate is too small to move an fp32 weight, so every layout 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,7 +19,6 @@ from roll.configs.worker_config import ModelArguments, StrategyArguments, Traini
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.tiny import TinyModelSpec, make_tiny_model
-from roll.platforms import get_platform
 from tests.conftest import CONFIG_DIR
 from tests.padded_rollouts import padded_rollout
 from tests.worker_pool import HostPool
@@ -28,13 +26,6 @@ from tests.worker_pool import HostPool
 WORKER = "tests.budget_workers.BudgetActorWorker"
 ROWS, PROMPT, RESPONSE = 16, 6, 10  # 8 rows per rank: one optimizer step of 2 rows x 4 accumulation
 LAYOUTS = {"padded": (None, False), "token budget": (32, False), "packed": (32, True)}
-
-
-@pytest.fixture(scope="module")
-def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
-    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
-    yield manager
-    manager.destroy()
 
 
 def rollout(vocab: int) -> DataProto:
