@@ -9,6 +9,7 @@ the entrypoint the docs give; running it needs a Kubernetes cluster.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 import ray
 import yaml
 
+from roll.pipeline.base.preemption import PREEMPTED_EXIT_CODE
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -98,32 +100,88 @@ def test_a_run_submitted_with_ray_job_submit(head: tuple[str, str]) -> None:
     assert submitted.returncode == 0 and PASSED in submitted.stdout, (submitted.stdout + submitted.stderr)[-3000:]
 
 
-def test_the_slurm_script_runs_a_job_on_its_allocation(tmp_path: Path) -> None:
-    """The batch script under stand-ins that treat this machine as a one-node allocation."""
+def one_node_allocation(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The batch script's environment under stand-ins that treat this machine as a one-node allocation (`extra`
+    last); `scontrol requeue JOB` writes JOB to `tmp_path/requeued`."""
     shims = tmp_path / "bin"
     shims.mkdir()
-    (shims / "scontrol").write_text('#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && hostname\n')
+    (shims / "scontrol").write_text(
+        '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && hostname\n'
+        f'[[ "$1" == requeue ]] && echo "$2" > {tmp_path / "requeued"}\ntrue\n'
+    )
     # srun --nodes=1 --ntasks=1 -w NODE COMMAND...: run COMMAND here.
     (shims / "srun").write_text('#!/usr/bin/env bash\nshift 4\nexec "$@"\n')
     for shim in shims.iterdir():
         shim.chmod(0o755)
-    env = environment(
-        PATH=f"{shims}{os.pathsep}{environment()['PATH']}",
-        SLURM_JOB_NODELIST="node-a",
-        SLURM_SUBMIT_DIR=str(REPO_ROOT),
-        ROLL_VENV=str(VENV_BIN.parent),
-        RAY_PORT=str(free_port()),
-        CPUS_PER_NODE="4",
+    return (
+        environment(
+            PATH=f"{shims}{os.pathsep}{environment()['PATH']}",
+            SLURM_JOB_NODELIST="node-a",
+            SLURM_SUBMIT_DIR=str(REPO_ROOT),
+            ROLL_VENV=str(VENV_BIN.parent),
+            RAY_PORT=str(free_port()),
+            CPUS_PER_NODE="4",
+        )
+        | extra
     )
+
+
+def test_the_slurm_script_runs_a_job_on_its_allocation(tmp_path: Path) -> None:
+    """The batch script under stand-ins that treat this machine as a one-node allocation."""
     result = subprocess.run(
         ["bash", "scripts/deploy/slurm_ray.sbatch", *CHECK],
         cwd=REPO_ROOT,
-        env=env,
+        env=one_node_allocation(tmp_path),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0 and PASSED in result.stdout, (result.stdout + result.stderr)[-3000:]
+
+
+def test_the_slurm_script_passes_sigterm_to_the_run_and_requeues_it_on_status_75(tmp_path: Path) -> None:
+    """SLURM's pre-stop SIGTERM (--signal=B:TERM) reaches the batch script: it passes it to the run, which stops as
+    roll's entry points do (exit 75, PREEMPTED_EXIT_CODE, here a stand-in program), and the job is requeued. A
+    requeued job (SLURM_RESTART_COUNT > 0) runs with resume_from_checkpoint=auto appended."""
+    program = (
+        "import signal, sys, time; print('arguments', sys.argv[1:], flush=True); "
+        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({PREEMPTED_EXIT_CODE})); time.sleep(300)"
+    )
+    # Ray stood in for too (this test is about the script's signals, not Ray): `ray start --block` waits, the token is
+    # a word, and the venv's python answers the script's two questions about Ray before running the program.
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "ray").write_text('#!/usr/bin/env bash\n[[ "$1" == start ]] && exec sleep 300\necho token\n')
+    (venv / "python").write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$*" in *get_node_ip_address*) echo 127.0.0.1;; *ray.nodes*) echo 1;; *) exec '
+        f'{sys.executable} "$@";; esac\n'
+    )
+    for stand_in in venv.iterdir():
+        stand_in.chmod(0o755)
+    env = one_node_allocation(tmp_path, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1", ROLL_VENV=str(venv.parent))
+    job = subprocess.Popen(
+        ["bash", "scripts/deploy/slurm_ray.sbatch", "-c", program],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert job.stdout is not None
+        lines = []
+        while not lines or not lines[-1].startswith("arguments"):
+            line = job.stdout.readline()
+            assert line, "".join(lines)[-3000:]
+            lines.append(line)
+        assert lines[-1].strip() == "arguments ['resume_from_checkpoint=auto']"
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == PREEMPTED_EXIT_CODE, output[-3000:]
+    assert (tmp_path / "requeued").read_text().strip() == "4242"
 
 
 def test_the_kuberay_job_runs_an_entry_point_of_this_repository() -> None:

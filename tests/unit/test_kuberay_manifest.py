@@ -7,6 +7,7 @@ import re
 import yaml
 
 from roll.configs.device_mapping import ALL_DEVICES
+from roll.pipeline.base.fault_tolerance_config import FaultToleranceArguments
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 JOB = yaml.safe_load((REPO_ROOT / "examples" / "kuberay" / "rayjob.yaml").read_text())
@@ -46,3 +47,17 @@ def test_every_pod_runs_the_dockerfiles_cuda_image_and_mounts_the_shared_volume(
             mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
             assert claims and all(mounted.get(name) == "/data" for name in claims)
     assert all(value.startswith("/data/") for key, value in _overrides().items() if "file" in key or "dir" in key)
+
+
+def test_the_job_resumes_by_itself_after_a_stop_or_a_lost_worker() -> None:
+    """Lost workers restart the roles; a head pod being deleted stops the run with a checkpoint (preStop SIGTERM,
+    within the grace period), and the retried job resumes from it."""
+    overrides = _overrides()
+    assert overrides["resume_from_checkpoint"] == "auto" and int(overrides["fault_tolerance.max_restarts"]) >= 1
+    assert JOB["spec"]["backoffLimit"] >= 1
+    head = CLUSTER["headGroupSpec"]["template"]["spec"]
+    assert head["terminationGracePeriodSeconds"] > FaultToleranceArguments().preemption_deadline_s
+    stop = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert stop.startswith("pkill -TERM -f 'examples/start_';") and JOB["spec"]["entrypoint"].startswith(
+        "python examples/start_"
+    )
