@@ -108,6 +108,8 @@ def _run_once(
     pipeline_cls: type, config: PipelineConfig, signals: StopSignals | None, restarts: Restarts, logs: RunLogs
 ) -> Any:
     """Start the pipeline and run it; shut it down however it ends (after a failure, without waiting long)."""
+    if signals is not None:
+        signals.install()  # a signal while the roles start stops the run after its first step
     pipeline = pipeline_cls(config)
     if signals is not None:
         signals.install()  # again: Ray's start set a SIGTERM handler of its own

@@ -2,9 +2,9 @@
 
 SLURM (`--signal`), Kubernetes (pod deletion) and a user's Ctrl-C all send one of them before the process is
 killed. The first one sets `StopSignals.requested`; the driver loop checks it after every step, checkpoints and
-raises `Preempted`, and the entry point exits with PREEMPTED_EXIT_CODE. If that checkpoint is not written within
-the deadline, the process exits with the same status without it: the last complete checkpoint stays usable, as
-after any crash mid-save. A second SIGINT interrupts at once (KeyboardInterrupt), as Ctrl-C does without roll.
+raises `Preempted`, and the entry point exits with PREEMPTED_EXIT_CODE. If the process has not exited within the
+deadline, it exits then with the same status, with or without that checkpoint: the last complete one stays usable,
+as after any crash mid-save. A second SIGINT interrupts at once (KeyboardInterrupt), as Ctrl-C does without roll.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class StopSignals:
 
     def _deadline_passed(self) -> None:
         print(
-            f"run preempted: no checkpoint within fault_tolerance.preemption_deadline_s={self.deadline_s:g} s of the "
+            f"run preempted: not stopped within fault_tolerance.preemption_deadline_s={self.deadline_s:g} s of the "
             "signal; exiting now. Resume with resume_from_checkpoint=latest (the last complete checkpoint).",
             file=sys.stderr,
             flush=True,
