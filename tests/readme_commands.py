@@ -280,6 +280,7 @@ BF16 = "actor_train.model_args.dtype=bf16 actor_infer.model_args.dtype=bf16 refe
 # the page): the README test checks each one's options up to `--help`, which then prints the script's help.
 MEASUREMENTS = (
     "python benchmarks/generation_throughput.py --prompts 512 --engines hf_infer vllm vllm_compiled",
+    "python benchmarks/chaos.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
     "python benchmarks/memory_estimate.py --malloc dynamic",

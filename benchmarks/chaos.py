@@ -1,0 +1,241 @@
+"""Faults at seeded random moments of an RLVR run, against the same run uninterrupted.
+
+    python benchmarks/chaos.py [--steps 8] [--seed 0] [--faults train infer reward driver] [--write-docs] [OVERRIDE ...]
+
+The job is the default recipe (rlvr_arithmetic.yaml) cut short as the tests run it: the tiny untrained model, 8
+prompts of 4 samples a step, actor_train on two device slots and actor_infer on a third of its own (so killing it
+kills no other role), a checkpoint every 2 steps, and a reward on the parity of the response's length (a signal
+even untrained samples disagree on, so the weights move). It runs twice as a user starts it, in a process of its
+own: once without faults, once with `fault_tolerance.max_restarts` set to the number of worker faults, while this
+script injects each fault after a seeded step, a seeded fraction of a step later:
+
+    train   SIGKILL to actor_train rank 1          the run restarts its roles from the last complete checkpoint
+    infer   SIGKILL to actor_infer rank 0          idem
+    reward  SIGKILL to the reward worker           idem
+    driver  SIGTERM to the driver                  it checkpoints and exits 75; started again, as a requeued job is,
+                                                   with resume_from_checkpoint=auto
+
+For each fault: whether the run went on, the steps it had logged that it computed again (the work since the last
+checkpoint), the time Ray and roll took to start the roles again (`fault/recovery_s`), and the time from the fault
+to the first step logged after it. Then the final losses and exported weights against the uninterrupted run's.
+OVERRIDEs go to both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import doc_tables  # noqa: E402
+from roll.pipeline.base.checkpoint_state import latest_complete_tag  # noqa: E402
+from roll.pipeline.base.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
+
+DOC = REPO_ROOT / "docs" / "fault_tolerance.md"
+BLOCK = "chaos"
+JOB = (
+    "platform=cpu",
+    "pretrain=tiny://qwen2",
+    "rollout_batch_size=8",
+    "eval_batch_size=16",
+    "eval_steps=100",
+    "save_steps=2",
+    "actor_infer.generating_args.num_return_sequences=4",
+    "actor_infer.generating_args.max_new_tokens=4",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+    "actor_train.training_args.per_device_train_batch_size=16",
+    "devices_per_node=3",
+    "actor_train.device_mapping=0-1",
+    "reference.device_mapping=0-1",
+    "actor_infer.device_mapping=2",
+    "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+)
+# The worker each fault kills (its pid file, `<role>-<rank>.pid`), or None for SIGTERM to the driver.
+FAULTS = {
+    "train": ("a training worker (actor_train rank 1, SIGKILL)", "actor_train-1"),
+    "infer": ("an inference worker (actor_infer rank 0, SIGKILL)", "actor_infer-0"),
+    "reward": ("a reward worker (rewards.math rank 0, SIGKILL)", "rewards.math-0"),
+    "driver": ("the driver (SIGTERM), started again", None),
+}
+TIMEOUT_S = 900.0
+COMPARED = ("actor/loss", "actor/grad_norm", "rollout/score_mean")
+
+
+@dataclass
+class Fault:
+    """One injected fault and what it cost."""
+
+    name: str
+    after_step: int  # injected once this step was logged ...
+    delay_s: float  # ... this long later
+    at_step: int = 0  # the last step logged when it struck
+    resumed_from: int = 0  # the checkpoint's step the run went on from
+    survived: bool = False
+    restart_s: float = float("nan")  # fault/recovery_s: death caught -> roles started again
+    back_s: float = float("nan")  # the fault -> the first step logged after it
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    """The metrics rows the run logged so far (a half-written last line left out)."""
+    try:
+        lines = (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll `condition` until true, or exit naming `what` after TIMEOUT_S."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def start(output: Path, steps: int, overrides: list[str], *extra: str) -> subprocess.Popen:
+    """The RLVR entry point in its own process, writing under `output`, its workers' pids in `output/pids`."""
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "examples" / "start_rlvr_pipeline.py"),
+        *JOB,
+        f"max_steps={steps}",
+        f"output_dir={output}",
+        *overrides,
+        *extra,
+    ]
+    (output / "pids").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "ROLL_PID_DIR": str(output / "pids"), "PYTHONPATH": str(REPO_ROOT)}
+    log = (output / "driver.log").open("a")
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def plan(names: list[str], steps: int, seed: int) -> list[Fault]:
+    """Each fault after a distinct seeded step (1 to steps - 2, in order) and a seeded delay under a second."""
+    rng = random.Random(seed)
+    after = sorted(rng.sample(range(1, steps - 1), len(names)))
+    rng.shuffle(names)
+    return [Fault(name, step, round(rng.uniform(0.0, 1.0), 2)) for name, step in zip(names, after, strict=True)]
+
+
+def inject(fault: Fault, run: subprocess.Popen, output: Path, steps: int, overrides: list[str]) -> subprocess.Popen:
+    """Wait for the fault's moment, strike, and wait until the run logged a step after it; the run's process (a
+    new one after SIGTERM to the driver)."""
+    run_dir = output / "rlvr"
+    wait_until(lambda: any(r["step"] >= fault.after_step for r in rows_of(run_dir)), f"step {fault.after_step}")
+    time.sleep(fault.delay_s)
+    fault.at_step = rows_of(run_dir)[-1]["step"]
+    fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
+    restarts = max((r.get("fault/restarts", 0) for r in rows_of(run_dir)), default=0)
+    struck = time.monotonic()
+    pid_file = FAULTS[fault.name][1]
+    if pid_file is None:
+        run.send_signal(signal.SIGTERM)
+        if run.wait(timeout=TIMEOUT_S) != PREEMPTED_EXIT_CODE:
+            return run
+        fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
+        run = start(output, steps, overrides, "resume_from_checkpoint=auto")
+        logged_after = lambda: any(r["step"] > fault.resumed_from for r in rows_of(run_dir))  # noqa: E731
+    else:
+        os.kill(int((output / "pids" / f"{pid_file}.pid").read_text()), signal.SIGKILL)
+        logged_after = lambda: any(r.get("fault/restarts", 0) > restarts for r in rows_of(run_dir))  # noqa: E731
+    wait_until(lambda: logged_after() or run.poll() not in (None, 0), f"a step after the {fault.name} fault")
+    if run.poll() in (None, 0):
+        fault.survived = True
+        fault.back_s = time.monotonic() - struck
+        first = next(r for r in rows_of(run_dir) if r["step"] > fault.resumed_from)
+        fault.restart_s = first.get("fault/recovery_s", float("nan")) if pid_file else float("nan")
+    return run
+
+
+def compare(clean: Path, chaos: Path) -> tuple[float, float]:
+    """The largest relative difference of the COMPARED metrics over the steps, and the largest absolute
+    difference of an exported weight."""
+    from safetensors.torch import load_file
+
+    expected = {r["step"]: r for r in rows_of(clean)}
+    worst = 0.0
+    for row in rows_of(chaos):
+        for key in COMPARED:
+            if key in row:
+                reference = expected[row["step"]][key]
+                worst = max(worst, abs(row[key] - reference) / max(abs(reference), 1e-12))
+    weights, reference = (load_file(run / "model" / "model.safetensors") for run in (chaos, clean))
+    return worst, max((weights[name] - tensor).abs().max().item() for name, tensor in reference.items())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options; unknown arguments are the runs' Hydra overrides."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=list(FAULTS))
+    parser.add_argument(doc_tables.WRITE_DOCS, action="store_true", dest="write_docs")
+    return parser
+
+
+def main() -> None:
+    args, overrides = build_parser().parse_known_args()
+    if len(args.faults) > args.steps - 2:
+        raise SystemExit(f"--steps {args.steps} leaves room for {args.steps - 2} faults, not {len(args.faults)}")
+    workers = sum(FAULTS[name][1] is not None for name in args.faults)
+    faults = plan(list(args.faults), args.steps, args.seed)
+    with tempfile.TemporaryDirectory(prefix="roll-chaos-") as tmp:
+        clean, chaos = Path(tmp) / "clean", Path(tmp) / "chaos"
+        started = time.monotonic()
+        run = start(clean, args.steps, overrides)
+        if run.wait() != 0:
+            raise SystemExit(f"the uninterrupted run failed; see {clean / 'driver.log'}")
+        clean_s = time.monotonic() - started
+        started = time.monotonic()
+        run = start(chaos, args.steps, overrides, f"fault_tolerance.max_restarts={workers}")
+        for fault in faults:
+            run = inject(fault, run, chaos, args.steps, overrides)
+            print(fault, flush=True)
+        code = run.wait(timeout=TIMEOUT_S)
+        chaos_s = time.monotonic() - started
+        if code != 0:
+            raise SystemExit(f"the run with faults ended with status {code}; see {chaos / 'driver.log'}")
+        worst_metric, worst_weight = compare(clean / "rlvr", chaos / "rlvr")
+        final = rows_of(chaos / "rlvr")[-1]["step"]
+    lines = [
+        "| fault | after step | +s | survived | steps computed again | roles restarted (s) | fault to next step (s) |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for fault in faults:
+        lost = fault.at_step - fault.resumed_from
+        lines.append(
+            f"| {FAULTS[fault.name][0]} | {fault.after_step} | {fault.delay_s:.2f} | "
+            f"{'yes' if fault.survived else 'no'} | {lost} | {fault.restart_s:.1f} | {fault.back_s:.1f} |"
+        )
+    text = "\n".join(lines) + (
+        f"\n\nThe run with faults reached step {final} of {args.steps} and exited 0 in {chaos_s:.0f} s (uninterrupted:"
+        f" {clean_s:.0f} s). Largest relative difference of {', '.join(COMPARED)} at any step: {worst_metric:.1e};"
+        f" largest absolute difference of an exported weight: {worst_weight:.1e}."
+    )
+    print(text)
+    if args.write_docs:
+        doc_tables.write_block(DOC, BLOCK, doc_tables.command_line(__file__, sys.argv[1:]), text)
+
+
+if __name__ == "__main__":
+    main()
