@@ -66,6 +66,16 @@ def scripted_agent(task: str, client: Any) -> str:
     return two_calls(task, client, rewrite=behaviour == "rewrite")
 
 
+def segment_agent(task: str, client: Any) -> float:
+    """Per task, the first episode to start rewrites its history (two segments) and returns reward 1, the others
+    extend it (one segment) and return 0."""
+    with _lock:
+        order = _started[task]
+        _started[task] += 1
+    two_calls(task, client, rewrite=order == 0)
+    return float(order == 0)
+
+
 def extending_agent(task: str, client: Any) -> str:
     """`two_calls`, the second extending the first."""
     return two_calls(task, client)

@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from roll.algorithms.reward_shaping import group_index_from_repeat
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.agentic.agent_session import AgentSession
 from roll.pipeline.agentic.env_rollout import cluster_generate
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-from roll.pipeline.rlvr.rollout import compute_advantages
+from roll.pipeline.rlvr.rollout import compute_advantages, rollout_groups
 from tests import agents
 from tests.pipeline_runs import logged_metrics
 from tests.rlvr_runs import small_policy_config
@@ -90,41 +89,51 @@ def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ag
     )
 
 
-def test_a_step_of_agent_episodes_trains(agent_run: AgentRun) -> None:
+def test_a_step_of_agent_episodes_trains_every_segment(agent_run: AgentRun) -> None:
     step = agent_run.rows[1]
     assert step["step"] == 1 and "actor/loss" in step
-    # Per task, one episode hung and one rewrote its history; the others made two calls each.
+    # Per task (4 of 4 episodes), one episode hung and one rewrote its history; the others made two calls each. Each
+    # segment is a row: 16 episodes, 4 of them of two segments, 20 rows (padded to whole optimizer steps of 16).
     assert step["rollout/agent_timeouts"] == 4 and step["rollout/reward_failed"] == 4
     assert step["rollout/agent_new_segments"] == 4 and step["rollout/agent_rejected_calls"] == 0
+    assert step["rollout/agent_rows"] == 20
     assert 0 <= agent_run.rows[-1]["val/accuracy"] <= 1
+
+
+def _rows_of(batch: DataProto, episode: int) -> list[int]:
+    return [row for row, e in enumerate(batch.batch["episode_index"].tolist()) if e == episode]
 
 
 def test_the_ids_trained_are_the_ids_the_engine_sampled_call_by_call(agent_run: AgentRun) -> None:
     batch = agent_run.batch.batch
     trained = 0
-    for row, session in enumerate(agent_run.sessions):
+    for episode, session in enumerate(agent_run.sessions):
         if not session.calls:
             continue
         for call in session.calls:
             assert (call.prompt_ids, call.choices[0].sample.ids) in agent_run.engine_rows
-        prompt_width = batch["prompts"].shape[1]
-        prompt = batch["prompts"][row][batch["attention_mask"][row, :prompt_width].bool()].tolist()
-        width = batch["responses"].shape[1]
-        response_mask = batch["response_mask"][row].tolist()
-        response = batch["responses"][row, : sum(batch["attention_mask"][row, -width:].tolist())].tolist()
-        ids = prompt + response
-        last_segment = [call for call in session.calls if call.new_segment][-1]
-        calls = session.calls[session.calls.index(last_segment) :]
-        for call in calls:
-            start = len(call.prompt_ids)
-            sampled = call.choices[0].sample.ids
-            assert ids[:start] == call.prompt_ids  # the engine was given the trained ids before it
-            assert ids[start : start + len(sampled)] == sampled
-            offset = start - len(prompt)
-            assert response_mask[offset : offset + len(sampled)] == [1] * len(sampled)
-        assert sum(response_mask) == sum(len(call.choices[0].sample.ids) for call in calls)
-        trained += 1
-    assert trained == 2 * (GROUP - 1)
+        starts = [i for i, call in enumerate(session.calls) if call.new_segment]
+        segments = [session.calls[a:b] for a, b in zip(starts, [*starts[1:], len(session.calls)], strict=True)]
+        rows = _rows_of(agent_run.batch, episode)
+        assert len(rows) == len(segments)  # every segment trained, as a row of its own
+        for row, calls in zip(rows, segments, strict=True):
+            prompt_width = batch["prompts"].shape[1]
+            prompt = batch["prompts"][row][batch["attention_mask"][row, :prompt_width].bool()].tolist()
+            width = batch["responses"].shape[1]
+            response_mask = batch["response_mask"][row].tolist()
+            response = batch["responses"][row, : sum(batch["attention_mask"][row, -width:].tolist())].tolist()
+            ids = prompt + response
+            for call in calls:
+                start = len(call.prompt_ids)
+                sampled = call.choices[0].sample.ids
+                assert ids[:start] == call.prompt_ids  # the engine was given the trained ids before it
+                assert ids[start : start + len(sampled)] == sampled
+                offset = start - len(prompt)
+                assert response_mask[offset : offset + len(sampled)] == [1] * len(sampled)
+            assert sum(response_mask) == sum(len(call.choices[0].sample.ids) for call in calls)
+            trained += 1
+    # 2 x (GROUP - 1) episodes that finished, two of them of two segments.
+    assert trained == 2 * (GROUP - 1) + 2 == len(agent_run.batch) - 2
 
 
 def test_a_rewritten_history_starts_a_new_segment(agent_run: AgentRun) -> None:
@@ -137,15 +146,16 @@ def test_a_rewritten_history_starts_a_new_segment(agent_run: AgentRun) -> None:
 
 def test_a_hanging_agent_ends_only_its_episode_within_its_timeout(agent_run: AgentRun) -> None:
     failed = agent_run.batch.batch["reward_failed"].tolist()
-    hung = [row for row, session in enumerate(agent_run.sessions) if not session.calls]
-    assert [row for row, f in enumerate(failed) if f] == hung and len(hung) == 2
+    hung = [_rows_of(agent_run.batch, e) for e, session in enumerate(agent_run.sessions) if not session.calls]
+    assert [[row] for row, f in enumerate(failed) if f] == hung and len(hung) == 2  # one row each
     assert agent_run.metrics["rollout/agent_timeouts"] == 2
     assert agent_run.elapsed_s < TIMEOUT_S + 10  # the engine's waves meanwhile took the rest
 
 
 def test_a_failed_episode_changes_no_other_group_members_advantage(agent_run: AgentRun) -> None:
     batch, failed = agent_run.batch, agent_run.batch.batch["reward_failed"].bool()
-    group_index = group_index_from_repeat(2, GROUP, interleave=True)
+    group_index = rollout_groups(batch, GROUP)
+    assert group_index.tolist() == [0] * (len(batch) // 2) + [1] * (len(batch) // 2)
     every_row = torch.arange(len(batch))  # indexing copies: compute_advantages zeroes a failed row's mask in place
     with_failed, _ = compute_advantages(batch[every_row], group_index, agent_run.algorithm, 0.0, failed)
     kept = torch.nonzero(~failed).flatten()

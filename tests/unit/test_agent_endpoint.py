@@ -4,6 +4,7 @@ agents (`tests/agents.py`) played over HTTP against a scripted engine: ids as sa
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -11,16 +12,23 @@ import httpx
 import pytest
 import torch
 
+from examples.agents.calculator_agent import SYSTEM
+from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.data_config import DataArguments
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.model_providers import load_tokenizer
 from roll.pipeline.agentic.agent_rollout import AgentRollout
+from roll.pipeline.agentic.agent_tasks import DataTasks
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_api import ApiError, assistant_message, parse_chat_request
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.generation_queue import GenerationQueue
+from roll.pipeline.agentic.observations import ObservationEncoder
+from roll.pipeline.rlvr.rollout import compute_advantages, pad_rows, rollout_groups
 from tests import agents
+from tests.unit.test_hydra_configs import load_config
 from tests.unit.test_multi_turn import ScriptedEngine
 
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expression": {}}}}}
@@ -150,15 +158,69 @@ def test_a_rewritten_history_starts_a_new_segment_and_a_hang_or_raise_ends_only_
     (extended,) = [s for s in sessions if len(s.segments) == 1]
     assert [c.new_segment for c in rewrote.calls] == [True, True]
     assert [c.new_segment for c in extended.calls] == [True, False]
+    # A row per segment: the rewritten episode has two, the hung one a row of its own that failed.
+    episode_of = batch.batch["episode_index"].tolist()
+    rows = {id(s): [r for r, e in enumerate(episode_of) if e == sessions.index(s)] for s in sessions}
+    assert len(batch) == 4 and [len(rows[id(s)]) for s in (hung, rewrote, extended)] == [1, 2, 1]
     failed = batch.batch["reward_failed"].tolist()
-    assert failed[sessions.index(hung)] == 1.0 and sum(failed) == 1.0
+    assert [failed[r] for r in rows[id(hung)]] == [1.0] and sum(failed) == 1.0
     assert metrics["rollout/agent_timeouts"] == 1 and metrics["rollout/agent_new_segments"] == 1
-    # The rewritten episode trains its last segment: the summary's prompt and the one call after it.
-    row = sessions.index(rewrote)
+    # The rewritten episode's second row is its second segment: the summary's prompt and the one call after it.
+    row = rows[id(rewrote)][1]
     assert batch.batch["prompts"][row].tolist()[-len(rewrote.calls[1].prompt_ids) :] == rewrote.calls[1].prompt_ids
-    assert "timeout" in batch.non_tensor_batch["env_error"][sessions.index(hung)]
+    assert "timeout" in batch.non_tensor_batch["env_error"][rows[id(hung)][0]]
     assert raised.batch["reward_failed"].tolist() == [1.0] and raised_metrics["rollout/agent_errors"] == 1
     assert "the agent's own bug" in raised.non_tensor_batch["env_error"][0]
+
+
+def test_every_segment_trains_with_its_episodes_advantage(tokenizer: Any) -> None:
+    """A group of two: an episode of two segments (reward 1) and one of a single segment (reward 0) give three rows,
+    padded to four; GRPO's statistics take one score per episode, and each segment's row gets its episode's
+    advantage on exactly its sampled ids."""
+    agents.reset()
+    rollout, engine, server = _rollout(tokenizer, "tests.agents.segment_agent")
+    try:
+        batch, metrics = rollout.run(engine.generate, [0, 0], GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+    (rewrote,) = [s for s in rollout.sessions if len(s.segments) == 2]
+    first = rollout.sessions.index(rewrote)
+    episode_of = batch.batch["episode_index"].tolist()
+    assert len(batch) == 3 and sorted(episode_of) == [first, first, 1 - first]
+    assert metrics["rollout/agent_new_segments"] == 1 and batch.batch["scores"].tolist() == [
+        float(e == first) for e in episode_of
+    ]
+    # Each segment's row: its first call's prompt, then the ids sampled (mask 1) and the turns appended (mask 0).
+    xy_eos, task, again = engine.sampled, _ids(tokenizer, "task 0\n"), _ids(tokenizer, "again\n")
+    expected = {
+        first: [(task, xy_eos, [1] * 3), (again, xy_eos, [1] * 3)],
+        1 - first: [(task, xy_eos + again + xy_eos, [1] * 3 + [0] * len(again) + [1] * 3)],
+    }
+    data, trained = batch.batch, {first: [], 1 - first: []}
+    for row, episode in enumerate(episode_of):
+        prompt = data["prompts"][row][data["prompts"][row] != 0].tolist()
+        length = int(data["attention_mask"][row, data["prompts"].shape[1] :].sum())
+        response, mask = data["responses"][row, :length].tolist(), data["response_mask"][row].tolist()
+        assert mask[length:] == [0] * (len(mask) - length)
+        trained[episode].append((prompt, response, mask[:length]))
+    assert trained == expected
+
+    groups = rollout_groups(batch, group_size=2)
+    assert groups.tolist() == [0, 0, 0]
+    padded, groups = pad_rows(batch, groups, row_multiple=4)
+    assert len(padded) == 4 and padded.batch["response_mask"][3].sum() == 0 and groups.tolist() == [0, 0, 0, 1]
+    out, _ = compute_advantages(
+        padded, groups, AlgorithmArguments(adv_estimator="grpo"), 0.0, padded.batch["reward_failed"].bool()
+    )
+    # Per episode: scores 1 and 0, mean 0.5, unbiased std sqrt(0.5): +-0.5 / (0.7071 + 1e-6). Per row (1, 1, 0) it
+    # would have been +0.577 and -1.155.
+    advantage = 0.5 / (0.5**0.5 + 1e-6)
+    for row, episode in enumerate(episode_of):
+        mask = out.batch["response_mask"][row].bool()
+        expected_row = torch.full((int(mask.sum()),), advantage if episode == first else -advantage)
+        torch.testing.assert_close(out.batch["advantages"][row][mask], expected_row)
+        assert out.batch["advantages"][row][~mask].abs().sum() == 0
+    assert out.batch["advantages"][3].abs().sum() == 0
 
 
 def test_an_async_agent_returns_its_reward(tokenizer: Any) -> None:
@@ -245,3 +307,87 @@ def test_the_engines_log_probs_of_each_call_are_kept_on_its_sampled_ids(tokenize
     assert (
         mask.sum() == 6 and bool((log_probs[mask.bool()] == -0.5).all()) and bool((log_probs[~mask.bool()] == 0).all())
     )
+
+
+class SolvingEngine(ScriptedEngine):
+    """Answers the last `a+b=` or `a-b=` of each prompt: its value when `a` is even, one more when it is odd."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.tokenizer = tokenizer
+
+    def generate(self, request: DataProto, args: GeneratingArguments) -> DataProto:
+        ids, mask = request.batch["input_ids"], request.batch["attention_mask"].bool()
+        answers = []
+        for row, keep in zip(ids, mask, strict=True):
+            a, op, b = re.findall(r"(\d+)([+-])(\d+)=", self.tokenizer.decode(row[keep].tolist()))[-1]
+            value = int(a) + int(b) if op == "+" else int(a) - int(b)
+            answers.append([*_ids(self.tokenizer, str(value + int(a) % 2)), self.tokenizer.eos_token_id])
+        width = max(map(len, answers))
+        responses = torch.tensor([answer + [0] * (width - len(answer)) for answer in answers])
+        response_mask = torch.tensor([[1] * len(answer) + [0] * (width - len(answer)) for answer in answers])
+        return DataProto.from_dict(tensors={"responses": responses, "response_mask": response_mask})
+
+
+DATA_AGENT = {
+    "agent": "examples.agents.calculator_agent.calculator_agent",
+    "agent_task": "data",
+    "max_observation_tokens": 24,
+    "max_trajectory_tokens": 24,
+    "eval_episodes": 4,
+    "agent_timeout_s": 10.0,
+}
+
+
+def test_an_agent_plays_data_rows_scored_by_the_reward_function(tokenizer: Any) -> None:
+    """The calculator agent on the built-in arithmetic rows: each seed's row is its task, and math_reward scores its
+    final answer against the row's answer."""
+    env = EnvArguments(**DATA_AGENT)
+    tasks = DataTasks.load(DataArguments(), env)
+    # Held-out seeds are the held-out rows in order; a pass of training seeds visits every training row once.
+    assert [tasks.row(env.eval_seed_offset + i) for i in range(2)] == tasks.held_out[:2]
+    assert sorted(tasks.row(seed).prompt for seed in range(len(tasks.train))) == sorted(r.prompt for r in tasks.train)
+    seeds = [0, 0, 1, 1, 2, env.eval_seed_offset]
+    rows = [tasks.row(seed) for seed in seeds]
+    server = ChatServer()
+    rollout = AgentRollout(env, tokenizer, pad_id=0, server=server, tasks=tasks.task)
+    engine = SolvingEngine(tokenizer)
+    try:
+        batch, metrics = rollout.run(engine.generate, seeds, GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+    # Each task is the row's prompt (`a+b=`), behind the agent's system prompt; an even `a` is answered right.
+    assert list(batch.non_tensor_batch["prompt"]) == [row.prompt for row in rows]
+    expected = [float(int(re.match(r"\d+", row.prompt)[0]) % 2 == 0) for row in rows]
+    assert batch.batch["scores"].tolist() == expected and 0 < sum(expected) < len(expected)
+    assert metrics["rollout/success"] == pytest.approx(sum(expected) / len(expected))
+    first_call = ObservationEncoder(tokenizer, chat_template=False).conversation(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": rows[0].prompt}]
+    )
+    assert rollout.sessions[0].calls[0].prompt_ids == first_call
+    assert tasks.task(0).score("no number") == (0.0, 0.0)
+
+
+def test_data_rows_as_an_agents_tasks_are_checked_before_ray(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match=r"env.agent_task=data .* set env.agent"):
+        EnvArguments(agent_task="data").validate(4)
+    with pytest.raises(ConfigError, match=r"remove env.name=calculator_arithmetic"):
+        EnvArguments(**DATA_AGENT, name="calculator_arithmetic").validate(4)
+    with pytest.raises(ConfigError, match=r"env.reward_fn"):
+        EnvArguments(**DATA_AGENT, reward_fn="tests.agents.no_such_reward").validate(4)
+    with pytest.raises(ConfigError, match=r"env.eval_episodes=100000 .* has 160"):
+        DataTasks.load(DataArguments(), EnvArguments(**(DATA_AGENT | {"eval_episodes": 100_000})))
+    # The recipe's YAML with its tasks from data files that do not exist: refused when the config loads.
+    recipe = [
+        "devices_per_node=2",
+        "pretrain=tiny://qwen2",
+        f"env.agent={DATA_AGENT['agent']}",
+        "env.agent_task=data",
+        "~env.name",
+        "~env.kwargs",
+    ]
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(ConfigError, match=r"data\.train_file"):
+        load_config("agentic_calculator_agent", [*recipe, f"data.train_file={missing}", f"data.eval_file={missing}"])
+    config = load_config("agentic_calculator_agent", recipe)
+    assert any("data rows" in line and "math_reward" in line for line in config.env.describe(128, 13))

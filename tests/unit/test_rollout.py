@@ -14,11 +14,14 @@ from roll.configs.worker_config import TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.base.rl_workers import ActorWorker
 from roll.pipeline.rlvr.rollout import (
+    append_round,
     compute_advantages,
     consumer_row_multiple,
     informative_rows,
     keep_informative_groups,
     outcome_token_rewards,
+    pad_rows,
+    rollout_groups,
     widen_prompts,
 )
 
@@ -175,6 +178,41 @@ def test_dynamic_sampling_caps_a_refilled_batch_at_its_target() -> None:
     _, kept_index, _ = keep_informative_groups(batch, group_index, 2, max_rows=6)
     assert kept_index.tolist() == [0, 0, 2, 2, 3, 3]
     assert informative_rows(batch, group_index) == 10
+
+
+def _segment_rows(episode_index: list[int], scores: list[float], prompt_width: int) -> DataProto:
+    rows = len(scores)
+    return DataProto.from_dict(
+        tensors={
+            "episode_index": torch.tensor(episode_index),
+            "scores": torch.tensor(scores),
+            "prompts": torch.ones(rows, prompt_width, dtype=torch.long),
+            "input_ids": torch.ones(rows, prompt_width + 2, dtype=torch.long),
+            "attention_mask": torch.ones(rows, prompt_width + 2, dtype=torch.long),
+            "response_mask": torch.ones(rows, 2, dtype=torch.long),
+            "reward_failed": torch.zeros(rows),
+            "row": torch.arange(rows),
+        }
+    )
+
+
+def test_dynamic_sampling_keeps_whole_groups_of_agent_episodes_of_several_rows() -> None:
+    # Groups of 2 episodes; a round's episode 0 (round 1) and episode 1 (round 2) have two segments (rows).
+    # Round 1: group 0 scores (1, 0), informative, 3 rows; group 1 constant. Round 2: group 0 (1, 0), 3 rows.
+    first = _segment_rows([0, 0, 1, 2, 3], [1.0, 1.0, 0.0, 0.0, 0.0], prompt_width=2)
+    more = _segment_rows([0, 1, 1, 2, 3], [1.0, 0.0, 0.0, 0.0, 0.0], prompt_width=3)
+    groups = rollout_groups(first, 2)
+    assert groups.tolist() == [0, 0, 0, 1, 1]
+    batch, groups = append_round(first, groups, more, 2, pad_id=0)
+    assert batch.batch["episode_index"].tolist() == [0, 0, 1, 2, 3, 4, 5, 5, 6, 7]
+    assert groups.tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3] and batch.batch["prompts"].shape[1] == 3
+    # At most 5 rows: the first informative group (3 rows) fits, the second would not; then padded to 4 rows.
+    kept, kept_groups, metrics = keep_informative_groups(batch, groups, 4, max_rows=5)
+    assert kept.batch["row"].tolist() == [0, 1, 2] and metrics["rollout/informative_groups"] == 2.0
+    padded, padded_groups = pad_rows(kept, kept_groups, 4)
+    assert padded_groups.tolist() == [0, 0, 0, 1] and padded.batch["episode_index"].tolist() == [0, 0, 1, 2]
+    assert padded.batch["response_mask"][3].sum() == 0 and padded.batch["reward_failed"].tolist() == [0, 0, 0, 1]
+    assert pad_rows(padded, padded_groups, 4)[0] is padded
 
 
 def test_prompts_widen_on_the_left_so_rollouts_concatenate() -> None:

@@ -1,15 +1,18 @@
 """Episodes played by a user's agent (`env.agent`) through the OpenAI-compatible endpoint, as one rollout batch.
 
-Each episode: an environment of `env.name` is reset with the episode's seed, its observation is the agent's task;
-the agent runs in a thread of the driver with a client whose `base_url` names the episode's session, and returns
-its reward or a final answer the environment's `step` scores. Meanwhile the calling thread generates the agents'
-calls in waves (`GenerationQueue`). An agent that raises, returns garbage, makes no call or is still running after
-`env.agent_timeout_s` ends only its own episode: it is marked `reward_failed`, so its group's statistics and the
-loss leave it out, and its later calls get unknown-session errors.
+Each episode: its task is an environment of `env.name` reset with the episode's seed, or a row of the data
+(`agent_tasks`); the agent runs in a thread of the driver with a client whose `base_url` names the episode's
+session, and returns its reward or a final answer the task scores (the environment's `step`, or `env.reward_fn`).
+Meanwhile the calling thread generates the agents' calls in waves (`GenerationQueue`). An agent that raises,
+returns garbage, makes no call or is still running after `env.agent_timeout_s` ends only its own episode: it is
+marked `reward_failed`, so its group's statistics and the loss leave it out, and its later calls get unknown-session
+errors.
 
-The row trained for an episode is its last segment (`AgentSession.trajectory`): the ids the engine was given and
-sampled, call after call. Earlier segments, before a call that rewrote the history, are counted
-(`rollout/agent_new_segments`) and not trained.
+An episode trains one row per segment (`AgentSession.trajectories`): the ids the engine was given and sampled, call
+after call, until a call rewrote the history and started the next segment (`rollout/agent_new_segments`). Each row
+has the episode's reward on its last sampled token, and the batch's `episode_index` names each row's episode, so
+the step takes one score per episode in its group statistics (`roll.algorithms.episode_rows`). A failed episode
+has one row, left out of them.
 """
 
 from __future__ import annotations
@@ -17,18 +20,21 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
+from roll.algorithms.episode_rows import EPISODE_INDEX
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.envs.deadline import Outcome, run_with_deadline
-from roll.envs.protocol import ENV_ERROR, SUCCESS, TOOL_CALLS
+from roll.envs.protocol import ENV_ERROR, TOOL_CALLS
 from roll.pipeline.agentic.agent_runner import as_reward, load_agent, run_agent
-from roll.pipeline.agentic.agent_session import AgentSession, SessionLimits
+from roll.pipeline.agentic.agent_session import AgentSession, Segment, SessionLimits
+from roll.pipeline.agentic.agent_tasks import AgentTask, task_maker
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.generation_queue import Generate, GenerationQueue
@@ -49,9 +55,12 @@ class AgentRollout:
         server: ChatServer,
         with_engine_log_probs: bool = False,
         stop_ids: Sequence[int] = (),
+        tasks: Callable[[int], AgentTask] | None = None,
     ) -> None:
         assert env.agent is not None
         self.env = env
+        # Each episode seed's task (`agent_tasks.task_maker`): an environment's reset, or a data row.
+        self.tasks = tasks or task_maker(env, None)
         self.agent = load_agent(env.agent)
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -86,13 +95,17 @@ class AgentRollout:
             agents.join()
             for session in self.sessions:
                 self.server.close_session(session.session_id)
-        episodes = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
+        played = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
+        episodes = [episode for episode, _ in played]
         failed = [episode.error for episode in episodes if episode.error]
         if failed:
             logger.warning("%d of %d agent episodes failed; the first: %s", len(failed), len(episodes), failed[0])
-        metrics = episode_metrics(episodes) | self._agent_metrics(outcomes)
+        rows = [row for _, segments in played for row in segments]
+        metrics = episode_metrics(episodes) | self._agent_metrics(outcomes, len(rows))
         metrics.pop("rollout/tool_success_rate")  # the agent runs its tools: the endpoint cannot tell how they went
-        return episodes_batch(episodes, self.env, self.pad_id, self.with_engine_log_probs), metrics
+        batch = episodes_batch(rows, self.env, self.pad_id, self.with_engine_log_probs)
+        batch.batch[EPISODE_INDEX] = torch.tensor([e for e, (_, segments) in enumerate(played) for _ in segments])
+        return batch, metrics
 
     def _session(self, seed: int, args: GeneratingArguments) -> AgentSession:
         env = self.env
@@ -106,54 +119,54 @@ class AgentRollout:
         )
 
     def _play(self, session: AgentSession) -> tuple[str, float, float]:
-        """One episode: reset, the agent, the reward; (task, reward, success)."""
+        """One episode: its task, the agent, the reward; (the task's text, reward, success)."""
         session.running = True
-        environment = self.env.make_env()
+        task = None
         try:
-            task, _ = environment.reset(seed=session.seed)
+            task = self.tasks(session.seed)
             url = self.server.base_url(session.session_id)
-            result = run_agent(self.agent, task, url, self.server.api_key, self.env.agent_timeout_s)
-
-            def score(answer: str) -> tuple[float, float]:
-                _, reward, _, _, info = environment.step(answer)
-                return float(reward), float(info.get(SUCCESS, float(reward > 0)))
-
-            return (task, *as_reward(result, score))
+            result = run_agent(self.agent, task.task, url, self.server.api_key, self.env.agent_timeout_s)
+            return (task.prompt, *as_reward(result, task.score))
         finally:
             session.running = False
-            close = getattr(environment, "close", None)
-            if callable(close):
-                close()
+            if task is not None:
+                task.close()
 
-    def _episode(self, session: AgentSession, outcome: Outcome) -> Episode:
-        """The session's trained row as an `Episode`; a failed one marked with its error."""
-        episode = Episode(session.seed)
-        trajectory = session.trajectory()
-        if trajectory is not None:
-            episode.prompt_ids = trajectory.prompt_ids
-            episode.response_ids = trajectory.response_ids
-            episode.loss_mask = trajectory.loss_mask
-            episode.log_probs = trajectory.log_probs if self.with_engine_log_probs else []
-            episode.transcript = [self.tokenizer.decode(trajectory.response_ids, skip_special_tokens=True)]
-        else:
-            episode.prompt_ids = [self.pad_id]
+    def _episode(self, session: AgentSession, outcome: Outcome) -> tuple[Episode, list[Episode]]:
+        """The episode (its metrics) and its trained rows, one per segment; a failed one marked with its error and
+        given one row."""
+        episode = Episode(session.seed, done=True)
         episode.counts[TOOL_CALLS] = float(session.tool_calls())
-        error = _failure(outcome, trajectory is not None, self.env.agent_timeout_s)
+        segments = session.trajectories()
+        error = _failure(outcome, bool(segments), self.env.agent_timeout_s)
         if error:
             episode.counts[ENV_ERROR] = 1.0
             episode.error = error
-        else:
-            episode.prompt, reward, episode.success = outcome.value
-            sampled = [i for i, m in enumerate(episode.loss_mask) if m]
-            episode.turn_rewards = [(sampled[-1] if sampled else 0, reward)]
-        episode.done = True
-        return episode
+            return episode, [self._row(episode, segments[-1] if segments else None, None)]
+        episode.prompt, reward, episode.success = outcome.value
+        episode.turn_rewards = [(0, reward)]  # one outcome per episode, for the metrics
+        return episode, [self._row(episode, segment, reward) for segment in segments]
 
-    def _agent_metrics(self, outcomes: list[Outcome]) -> dict[str, float]:
+    def _row(self, episode: Episode, segment: Segment | None, reward: float | None) -> Episode:
+        """One trained row of `episode`: `segment`'s ids, the reward on its last sampled token."""
+        row = replace(episode, counts=dict(episode.counts), turn_rewards=[])
+        if segment is None:
+            row.prompt_ids = [self.pad_id]
+            return row
+        row.prompt_ids, row.response_ids, row.loss_mask = segment.prompt_ids, segment.response_ids, segment.loss_mask
+        row.log_probs = segment.log_probs if self.with_engine_log_probs else []
+        row.transcript = [self.tokenizer.decode(segment.response_ids, skip_special_tokens=True)]
+        if reward is not None:
+            sampled = [i for i, m in enumerate(segment.loss_mask) if m]
+            row.turn_rewards = [(sampled[-1] if sampled else 0, reward)]
+        return row
+
+    def _agent_metrics(self, outcomes: list[Outcome], rows: int) -> dict[str, float]:
         count = len(self.sessions)
         return {
             "rollout/agent_calls_per_episode": sum(len(s.calls) for s in self.sessions) / count,
-            # Calls that rewrote the history: each started a segment, and the segments before it are not trained.
+            "rollout/agent_rows": float(rows),
+            # Calls that rewrote the history: each started a segment, trained as a row of its own.
             "rollout/agent_new_segments": float(sum(max(len(s.segments) - 1, 0) for s in self.sessions)),
             "rollout/agent_rejected_calls": float(sum(s.rejected for s in self.sessions)),
             "rollout/agent_timeouts": float(sum(o.timed_out for o in outcomes)),

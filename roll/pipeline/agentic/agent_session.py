@@ -191,17 +191,17 @@ class AgentSession:
         sampled_tokens = sum(len(sample.ids) for sample in samples)
         return completion_body(answered, len(prepared.prompt_ids), sampled_tokens)
 
-    def trajectory(self) -> Segment | None:
-        """The episode's last segment with its last call's first choice appended: the row that is trained."""
-        if not self.segments:
-            return None
-        last = self.segments[-1]
-        final = replace(last, response_ids=list(last.response_ids), loss_mask=list(last.loss_mask))
-        final.log_probs = list(last.log_probs)
-        if last.pending:
-            sample = last.pending[0].sample
-            final.append(sample.ids, sampled=True, log_probs=sample.log_probs)
-        return final
+    def trajectories(self) -> list[Segment]:
+        """The rows trained for the episode: each segment with its last call's first choice appended."""
+        rows = []
+        for segment in self.segments:
+            row = replace(segment, response_ids=list(segment.response_ids), loss_mask=list(segment.loss_mask))
+            row.log_probs = list(segment.log_probs)
+            if segment.pending:
+                sample = segment.pending[0].sample
+                row.append(sample.ids, sampled=True, log_probs=sample.log_probs)
+            rows.append(row)
+        return rows
 
     def tool_calls(self) -> int:
         """Tool calls in the choices the episode went on with (each call's first choice for the last one)."""

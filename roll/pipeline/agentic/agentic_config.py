@@ -62,6 +62,12 @@ class EnvArguments:
     # agent"): it plays each episode through roll's OpenAI-compatible endpoint, the task being the environment's
     # first observation; it returns the reward, or its final answer for the environment's `step` to score.
     agent: str | None = field(default=None, metadata=check(DOTTED_PATH))
+    # Where an agent's tasks come from: "env", `name` reset with the episode's seed (its `step` scores the final
+    # answer); "data", the rows of the `data` block (RLVR's prompts and answers), the final answer scored by
+    # `reward_fn` (docs/agentic.md, "A data row as the task").
+    agent_task: Literal["env", "data"] = "env"
+    # With agent_task=data: `package.module.function(prompt, response, answer) -> score`, as a reward cluster's.
+    reward_fn: str = field(default="roll.rewards.functions.math_reward", metadata=check(DOTTED_PATH))
     # An agent's whole episode: one still running then ends only its own episode, which is not trained.
     agent_timeout_s: float = field(default=120.0, metadata=check(gt=0))
     # Two characters, e.g. "<>": the endpoint also reads the bracket form `<calc 12*34>` of a requested tool as a
@@ -99,6 +105,8 @@ class EnvArguments:
         """The dry run's lines: the turn and token budgets of a step's `episodes`, where the environments run, the
         tools the prompt lists, and with `sources` each source's share of the episodes."""
         label = ", ".join(source.name for source in self.sources) if self.sources else self.name
+        if self.agent_task == "data":
+            label = "data rows"
         where = (
             "in the driver"
             if not self.num_env_workers
@@ -115,8 +123,9 @@ class EnvArguments:
             *(line for block in self.source_envs().values() for line in block._describe_tools()),
             *(
                 [
-                    f"env {self.name}: each episode played by the agent {self.agent} through the OpenAI-compatible "
+                    f"env {label}: each episode played by the agent {self.agent} through the OpenAI-compatible "
                     f"endpoint on 127.0.0.1, {self.max_concurrency} at once, {self.agent_timeout_s:g} s each"
+                    + (f"; its final answer scored by {self.reward_fn}" if self.agent_task == "data" else "")
                 ]
                 if self.agent
                 else []
@@ -135,7 +144,7 @@ class EnvArguments:
         ]
 
     def _describe_tools(self) -> list[str]:
-        tools = self.tool_schemas() if self.apply_chat_template else []
+        tools = self.tool_schemas() if self.apply_chat_template and self.agent_task == "env" else []
         if not tools:
             return []
         names = ", ".join(_tool_name(tool) for tool in tools)
@@ -147,7 +156,9 @@ class EnvArguments:
         field."""
         if self.sources:
             self._check_sources()
-        for block in self.source_envs().values():
+        if self.agent_task == "data":
+            self._check_data_tasks()
+        for block in self.source_envs().values() if self.agent_task == "env" else []:
             try:
                 env_factory(block.name, block.name_field)
             except ValueError as exc:
@@ -176,6 +187,23 @@ class EnvArguments:
                 f"env.agent={self.agent} plays one environment's tasks and env.sources mixes environments: "
                 "a run takes one of the two"
             )
+
+    def _check_data_tasks(self) -> None:
+        """An agent plays the data rows, scored by `reward_fn`; no environment beside them (the rows themselves are
+        read by the RLVR config's check, which has the data block)."""
+        if self.agent is None:
+            raise ConfigError("env.agent_task=data gives an agent the data rows as tasks; set env.agent")
+        if self.name != DEFAULT_ENV or self.kwargs:
+            raise ConfigError(
+                f"env.agent_task=data takes the agent's tasks from the data block, not from an environment; remove "
+                f"env.name={self.name} and env.kwargs={self.kwargs} (or set env.agent_task=env)"
+            )
+        from roll.rewards.reward_process import import_reward_fn
+
+        try:
+            import_reward_fn(self.reward_fn)
+        except ValueError as exc:
+            raise ConfigError(f"env.reward_fn: {exc}") from exc
 
     def _check_held_out_sources(self) -> None:
         """Each source meets at least one held-out seed: its `val/<source>/...` metrics need one."""
@@ -211,7 +239,7 @@ class EnvArguments:
                 f"{exception_line(exc)}"
             ) from exc
         try:
-            _close(env)
+            close_env(env)
         except Exception as exc:
             logger.warning(
                 "%s=%s: closing the environment built to check it raised %s", self.name_field, self.name, exc
@@ -225,13 +253,13 @@ class EnvArguments:
             schemas = getattr(env, "tool_schemas", None)
             return list(schemas()) if callable(schemas) else []
         finally:
-            _close(env)
+            close_env(env)
 
     def check_chat_template(self, tokenizer: Any, model: str) -> None:
         """With `apply_chat_template`: the policy's template renders a user turn, a tool turn when the environment
         calls tools (a ToolEnv), and its tools' schemas within `max_observation_tokens`; ConfigError naming the
         field otherwise. A template that ignores `tools` is a warning: the model is not told the tools."""
-        if not self.apply_chat_template:
+        if not self.apply_chat_template or self.agent_task == "data":  # an agent's requests name their own tools
             return
         if self.sources:
             for block in self.source_envs().values():
@@ -257,7 +285,7 @@ class EnvArguments:
                 f"but the chat template of {model} cannot render a 'tool' message ({exc}); {fix}"
             ) from exc
         finally:
-            _close(env)
+            close_env(env)
         self._check_tools_in_prompt(ObservationEncoder(tokenizer, True, self.tool_schemas()), model)
 
     def _check_tools_in_prompt(self, encoder: ObservationEncoder, model: str) -> None:
@@ -295,7 +323,8 @@ def _tool_name(schema: dict[str, Any]) -> str:
     return str(schema.get("function", schema).get("name", "?"))
 
 
-def _close(env: Env) -> None:
+def close_env(env: Env) -> None:
+    """`env.close()`, for an environment that has one."""
     close = getattr(env, "close", None)
     if callable(close):
         close()

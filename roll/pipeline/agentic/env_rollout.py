@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from roll.configs.data_config import DataArguments
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.agentic.agent_rollout import AgentRollout
+from roll.pipeline.agentic.agent_tasks import task_maker
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
@@ -71,12 +73,15 @@ class EnvRollouts:
         generating_args: GeneratingArguments,
         with_engine_log_probs: bool,
         stop_ids: Sequence[int] = (),
+        data: DataArguments | None = None,
     ) -> None:
         self.env = env
         self.generating_args = generating_args
         # stop_ids: the ids generation stops on (the policy's generation config's EOS list), ending a turn.
-        # With env.agent, the user's agent plays the episodes through the endpoint both rollouts share.
+        # With env.agent, the user's agent plays the episodes through the endpoint both rollouts share, its tasks
+        # an environment's or (env.agent_task=data) the rows of `data`.
         self.server = ChatServer() if env.agent else None
+        self.agent_tasks = task_maker(env, data) if env.agent else None
         self.rollout = self._rollout(tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.greedy_rollout = self._rollout(tokenizer, pad_id, False, stop_ids)
         self.all_failed_batches: dict[str, int] = {}  # by source: training batches in a row whose every episode failed
@@ -85,7 +90,9 @@ class EnvRollouts:
         self, tokenizer: Any, pad_id: int, with_engine_log_probs: bool, stop_ids: Sequence[int]
     ) -> MultiTurnRollout | AgentRollout:
         if self.server is not None:
-            return AgentRollout(self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids)
+            return AgentRollout(
+                self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids, self.agent_tasks
+            )
         return MultiTurnRollout(self.env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
 
     def train_batch(

@@ -494,11 +494,15 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         self.check_resume()
 
     def _check_env_inputs(self, facts: dict, model_facts: dict) -> None:
-        """With an environment: it resolves, one episode (first observation + trajectory) fits every model and
-        budget, and the episodes of a rollout fit the generation memory."""
+        """With an environment: it resolves (or an agent's data rows read), one episode (first observation +
+        trajectory) fits every model and budget, and the episodes of a rollout fit the generation memory."""
         env, generating = self.env, self.actor_infer.generating_args
         assert env is not None
         env.validate(generating.max_new_tokens)
+        if env.agent_task == "data":
+            from roll.pipeline.agentic.agent_tasks import DataTasks
+
+            DataTasks.load(self.data, env)  # the rows the agent plays: a wrong file or column fails here, before Ray
         if env.apply_chat_template:
             model = self.actor_infer.model_args.model_name_or_path
             env.check_chat_template(load_tokenizer(model), model)

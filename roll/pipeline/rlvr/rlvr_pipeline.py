@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController
-from roll.algorithms.reward_shaping import group_index_from_repeat
 from roll.configs.worker_config import GeneratingArguments
 from roll.datasets.prompt_dataset import encode_prompts, load_splits, make_sampler, pad_token_id
 from roll.distributed.executor.weight_syncer import WeightSyncer
@@ -38,11 +37,13 @@ from roll.pipeline.rlvr.async_generation import (
 from roll.pipeline.rlvr.rlvr_config import REWARD_MODEL_WORKERS, RLVRConfig
 from roll.pipeline.rlvr.rollout import (
     add_overlong_penalty,
+    append_round,
     compute_advantages,
     informative_rows,
     keep_informative_groups,
     mask_truncated_responses,
-    widen_prompts,
+    pad_rows,
+    rollout_groups,
 )
 from roll.utils.tracking import MetricsTracker, show_progress, timed_evaluation
 
@@ -67,7 +68,7 @@ class RLVRPipeline(BasePipeline):
         self.pad_id = pad_token_id(self.tokenizer)
         algorithm = config.algorithm
         self.env_rollouts: EnvRollouts | None = None
-        if config.env is not None:  # episodes of an environment instead of prompts: no data, no reward clusters
+        if config.env is not None:  # episodes instead of prompts: no reward clusters (data only for an agent's tasks)
             self.train_examples, self.eval_examples = [], []
             self.sampler = EpisodeSeeds(config.rollout_batch_size, config.env.eval_seed_offset)
             self.env_rollouts = EnvRollouts(
@@ -77,6 +78,7 @@ class RLVRPipeline(BasePipeline):
                 config.actor_infer.generating_args,
                 algorithm.tis_cap is not None,
                 generation_stop_ids(resolve_model_path(config.actor_infer.model_args.model_name_or_path)),
+                data=config.data,
             )
         else:
             self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
@@ -255,30 +257,28 @@ class RLVRPipeline(BasePipeline):
         """`batch` and the prompt group of each row; with dynamic sampling, only whole informative groups (maybe
         none), as many as every role that takes the batch accepts. With `dynamic_sampling_max_rounds` > 1,
         more prompts are generated and scored (with the same weights) until the informative rows fill the
-        batch or the rounds run out."""
+        batch or the rounds run out. A batch of agent episodes, a row per segment, is padded to whole shards of
+        the roles (`pad_rows`)."""
         n = self.config.actor_infer.generating_args.num_return_sequences
-        group_index = group_index_from_repeat(len(batch) // n, n, interleave=True)
+        group_index = rollout_groups(batch, n)
         algorithm = self.config.algorithm
+        row_multiple = step_plan.dynamic_sampling_row_multiple(self.trainer_roles)
         if not algorithm.dynamic_sampling:
-            return batch, group_index
+            return pad_rows(batch, group_index, row_multiple)
         target, rounds = len(batch), 1
         while (
             rounds < algorithm.dynamic_sampling_max_rounds
             and informative_rows(batch, group_index, self._failed_episodes(batch)) < target
         ):
             more = self._refill(step, rounds, metrics, timings)
-            width = max(batch.batch["prompts"].shape[1], more.batch["prompts"].shape[1])
-            batch = DataProto.concat([widen_prompts(part, width, self.pad_id) for part in (batch, more)])
-            more_index = group_index_from_repeat(len(more) // n, n, interleave=True) + int(group_index.max()) + 1
-            group_index = torch.cat([group_index, more_index])
+            batch, group_index = append_round(batch, group_index, more, n, self.pad_id)
             rounds += 1
-        row_multiple = step_plan.dynamic_sampling_row_multiple(self.trainer_roles)
         batch, group_index, kept = keep_informative_groups(
             batch, group_index, row_multiple, max_rows=target, excluded=self._failed_episodes(batch)
         )
         metrics.update(kept)
         metrics["rollout/generation_rounds"] = float(rounds)
-        return batch, group_index
+        return pad_rows(batch, group_index, row_multiple)
 
     def _refill(self, step: int, round_: int, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
         """Dynamic sampling's next round, scored: the sampler's next prompts, or (with `env`) episodes of its next

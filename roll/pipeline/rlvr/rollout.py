@@ -10,6 +10,7 @@ import torch
 
 from roll.algorithms import reward_shaping
 from roll.algorithms.advantages import get_advantage_estimator
+from roll.algorithms.episode_rows import EPISODE_INDEX, EpisodeRows, episode_groups
 from roll.algorithms.kl import apply_kl_penalty
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import WorkerConfig
@@ -51,6 +52,12 @@ def compute_advantages(
     `excluded` (bool `[B]`, e.g. episodes whose environment failed: their 0 is no reward) marks rows left out of
     every statistic (group and batch normalisation, GRPO / RLOO groups, whitening) and of the loss: their
     `response_mask` is zeroed in place, and they get no advantage.
+
+    A batch with `episode_index` (agent episodes of several segments, `roll.algorithms.episode_rows`) has the
+    statistics of its episodes, one score each, whatever their rows: reward normalisation over episodes, and for
+    GRPO / RLOO each episode's score (its last row's, plus the token rewards such as the KL penalty of all its
+    rows) in its group, its advantage then given to every row of it. Token-level estimators take each row as
+    its own trajectory, with the reward on each segment's last sampled token (`turn_rewards`).
     """
     data = batch.batch
     norm_groups = torch.zeros_like(group_index) if algorithm.reward_norm == "batch" else group_index
@@ -59,10 +66,21 @@ def compute_advantages(
         group_index, norm_groups = _isolated(group_index, excluded), _isolated(norm_groups, excluded)
         data["response_mask"] = data["response_mask"] * (~excluded).unsqueeze(-1).to(data["response_mask"].dtype)
     mask = data["response_mask"]
+    episodes = EpisodeRows.of(data[EPISODE_INDEX]) if EPISODE_INDEX in data else None
+    outcome = algorithm.adv_estimator not in TOKEN_LEVEL_ESTIMATORS
     norm_mode = "none" if algorithm.reward_norm == "none" else "group"
-    scores = reward_shaping.normalize_scores(data["scores"].float(), norm_groups, norm_mode)
+
+    def normalized(scores: torch.Tensor) -> torch.Tensor:
+        if episodes is None:
+            return reward_shaping.normalize_scores(scores, norm_groups, norm_mode)
+        per_episode = episodes.per_episode(scores), episodes.per_episode(norm_groups)
+        return episodes.to_rows(reward_shaping.normalize_scores(*per_episode, norm_mode))
+
+    scores = normalized(data["scores"].float())
     if algorithm.reward_clip is not None:
         scores = reward_shaping.clip_scores(scores, -algorithm.reward_clip, algorithm.reward_clip)
+    if episodes is not None and outcome:  # an episode's score counts once in its sum of token rewards
+        scores = scores * episodes.is_last()
     token_rewards = outcome_token_rewards(algorithm.score_weight * scores, mask)
     gamma: float | torch.Tensor = algorithm.gamma
     if "turn_rewards" in data and algorithm.adv_estimator in TOKEN_LEVEL_ESTIMATORS:
@@ -71,7 +89,7 @@ def compute_advantages(
         # changed (reward_norm, the overlong penalty: the score as trained minus the score as the turns gave it)
         # goes on the last sampled token, so these estimators read them too.
         as_given = data["verifier_scores"].float() if "verifier_scores" in data else data["scores"].float()
-        processed = reward_shaping.normalize_scores(data["scores"].float(), norm_groups, norm_mode)
+        processed = normalized(data["scores"].float())
         token_rewards = data["turn_rewards"].float() + outcome_token_rewards(processed - as_given, mask)
         token_rewards = algorithm.score_weight * token_rewards
         gamma = algorithm.gamma * data["turn_discounts"].float()
@@ -96,15 +114,23 @@ def compute_advantages(
         "grpo": {"norm_by_std": algorithm.norm_adv_by_std},
         "gae": {"whiten": algorithm.whiten_advantages},
     }.get(algorithm.adv_estimator, {})
-    advantages, returns = estimator(
-        token_rewards,
-        mask,
-        values=data.get("values"),
-        group_index=group_index,
-        gamma=gamma,
-        lam=algorithm.lam,
-        **extra,
-    )
+    if episodes is not None and outcome:
+        # One sequence per episode: the sum of its rows' token rewards, its advantage given to each of its rows.
+        sums = episodes.sum(token_rewards.sum(-1))
+        groups = episodes.per_episode(group_index)
+        per_episode, _ = estimator(sums.unsqueeze(-1), torch.ones_like(sums).unsqueeze(-1), group_index=groups, **extra)
+        advantages = episodes.to_rows(per_episode.squeeze(-1)).unsqueeze(-1) * mask.to(token_rewards.dtype)
+        returns = advantages.clone()
+    else:
+        advantages, returns = estimator(
+            token_rewards,
+            mask,
+            values=data.get("values"),
+            group_index=group_index,
+            gamma=gamma,
+            lam=algorithm.lam,
+            **extra,
+        )
     metrics["critic/advantages_mean"] = masked_mean(advantages, mask).item()
     metrics["critic/returns_mean"] = masked_mean(returns, mask).item()
     added = DataProto.from_dict(tensors={"token_rewards": token_rewards, "advantages": advantages, "returns": returns})
@@ -153,6 +179,8 @@ def keep_informative_groups(
     """
     keep = _informative(batch, group_index, excluded)
     kept_groups = torch.unique_consecutive(group_index[keep])
+    if EPISODE_INDEX in batch.batch:  # groups of as many rows as their episodes' segments: `pad_rows` evens them
+        return _whole_groups(batch, group_index, kept_groups, len(batch) if max_rows is None else max_rows)
     group_size = int((group_index == group_index[0]).sum())
     unit_groups = math.lcm(row_multiple, group_size) // group_size
     usable = min(len(kept_groups), len(batch) if max_rows is None else max_rows // group_size)
@@ -163,6 +191,57 @@ def keep_informative_groups(
         "rollout/informative_groups": float(len(kept_groups)),
     }
     return batch[indices], group_index[indices], metrics
+
+
+def _whole_groups(
+    batch: DataProto, group_index: torch.Tensor, groups: torch.Tensor, max_rows: int
+) -> tuple[DataProto, torch.Tensor, dict[str, float]]:
+    """The rows of `groups`, the first ones that fit in `max_rows` together."""
+    sizes = torch.stack([(group_index == group).sum() for group in groups]) if len(groups) else torch.zeros(0)
+    fitting = groups[: int((sizes.cumsum(0) <= max_rows).sum())]
+    chosen = torch.isin(group_index, fitting)
+    indices = torch.nonzero(chosen).squeeze(-1)
+    metrics = {"rollout/kept_fraction": chosen.float().mean().item(), "rollout/informative_groups": float(len(groups))}
+    return batch[indices], group_index[indices], metrics
+
+
+def rollout_groups(batch: DataProto, group_size: int) -> torch.Tensor:
+    """Each row's GRPO group: of its episode (`episode_index`, episodes of several rows), else of its place in
+    `group_size` repeats of each prompt or seed."""
+    if EPISODE_INDEX in batch.batch:
+        return episode_groups(batch.batch[EPISODE_INDEX], group_size)
+    return reward_shaping.group_index_from_repeat(len(batch) // group_size, group_size, interleave=True)
+
+
+def append_round(
+    batch: DataProto, group_index: torch.Tensor, more: DataProto, group_size: int, pad_id: int
+) -> tuple[DataProto, torch.Tensor]:
+    """Dynamic sampling's next round `more` after `batch`: prompts widened to one width, its groups (and episodes)
+    numbered after `batch`'s."""
+    if EPISODE_INDEX in more.batch:
+        more.batch[EPISODE_INDEX] = more.batch[EPISODE_INDEX] + int(batch.batch[EPISODE_INDEX].max()) + 1
+    more_index = rollout_groups(more, group_size)
+    more_index = more_index - int(more_index.min()) + int(group_index.max()) + 1
+    width = max(batch.batch["prompts"].shape[1], more.batch["prompts"].shape[1])
+    joined = DataProto.concat([widen_prompts(part, width, pad_id) for part in (batch, more)])
+    return joined, torch.cat([group_index, more_index])
+
+
+def pad_rows(batch: DataProto, group_index: torch.Tensor, row_multiple: int) -> tuple[DataProto, torch.Tensor]:
+    """A batch of agent episodes (`episode_index`, a variable number of rows) padded to a multiple of `row_multiple`
+    rows, which every role that takes it needs: copies of its first rows, each an episode and a group of its own,
+    with no token in the loss and marked `reward_failed` so that no statistic counts them. Other batches as they
+    are (their row count is a multiple by configuration)."""
+    if EPISODE_INDEX not in batch.batch or len(batch) % row_multiple == 0:
+        return batch, group_index
+    padded, extra = batch.pad_to_divisor(row_multiple)
+    added = torch.arange(len(batch), len(padded))
+    data = padded.batch
+    data["response_mask"][added] = 0
+    data["reward_failed"][added] = 1.0
+    data[EPISODE_INDEX][added] = int(batch.batch[EPISODE_INDEX].max()) + 1 + torch.arange(extra)
+    groups = torch.cat([group_index, int(group_index.max()) + 1 + torch.arange(extra, dtype=group_index.dtype)])
+    return padded, groups
 
 
 def informative_rows(batch: DataProto, group_index: torch.Tensor, excluded: torch.Tensor | None = None) -> int:
