@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from roll.distributed.executor.cluster import WorkerDiedError
+from roll.distributed.scheduler.placement import PlacementError
 from roll.pipeline.base.checkpoint_state import save_driver_state
 from roll.pipeline.base.preemption import PREEMPTED_EXIT_CODE, StopSignals
 from roll.pipeline.base.recovery import Restarts
@@ -60,3 +61,14 @@ def test_a_restart_resumes_from_the_last_complete_checkpoint_and_waits_for_place
     metrics = restarts.restarted()
     assert metrics["fault/restarts"] == 2 and metrics["fault/recovery_s"] >= 0
     assert not Restarts(rlvr(f"output_dir={tmp_path}")).left  # max_restarts 0: today's behaviour
+
+
+def test_a_cluster_that_lost_a_node_is_tried_again_until_the_recovery_timeout(tmp_path: Path) -> None:
+    config = rlvr(f"output_dir={tmp_path}", "fault_tolerance.max_restarts=1", "fault_tolerance.recovery_timeout_s=0.3")
+    restarts = Restarts(config)
+    restarts.next_config(config, WorkerDiedError("actor_infer rank 0 died (node 10.0.0.3, pid 9)"))
+    refusal = PlacementError("the cluster has 1 alive node")
+    started = time.monotonic()
+    assert restarts.wait_for_placement(refusal)  # within the timeout: wait, then try again
+    assert not restarts.wait_for_placement(refusal)  # past it: the run ends
+    assert 0.25 < time.monotonic() - started < 2

@@ -81,6 +81,9 @@ def _run(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: type, logs
                 if not restarts.left:
                     raise
                 config = restarts.next_config(config, exc)
+            except PlacementError as exc:
+                if death is None or not restarts.wait_for_placement(exc):
+                    raise
     except PlacementError as exc:
         if death is None:
             print(f"placement error: {exc}", file=sys.stderr, flush=True)

@@ -2,8 +2,9 @@
 
 The entry point stops every role on a WorkerDiedError; with restarts left (`fault_tolerance.max_restarts`), it
 starts the pipeline again in the same process from the last complete checkpoint, with the reservation's timeout
-raised to `fault_tolerance.recovery_timeout_s`: Ray then grants it once the lost resources are back (a
-restarted process, a node that rejoins or replaces the lost one), or the run ends with the death's message.
+set to `fault_tolerance.recovery_timeout_s`. A cluster that has lost a node refuses the roles at once; the entry
+point tries again every few seconds until the node is back (or another takes its place) or that time has passed
+since the fault, and then ends the run with the death's message.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.utils.console import MILESTONE
 
 logger = logging.getLogger(__name__)
+
+PLACEMENT_RETRY_S = 5.0  # between two tries to place the restarted roles on a cluster that lost a node
 
 
 class Restarts:
@@ -58,6 +61,17 @@ class Restarts:
             resume_from_checkpoint=resume,  # type: ignore[call-arg]
             placement_timeout_s=self.recovery_timeout_s,
         )
+
+    def wait_for_placement(self, refusal: Exception) -> bool:
+        """After the cluster refused the restarted roles (`refusal`: a lost node not back yet), wait a little and
+        return True while `recovery_timeout_s` since the fault has not passed; False once it has."""
+        waited = time.monotonic() - self.fault_at
+        if waited >= self.recovery_timeout_s:
+            return False
+        limit = self.recovery_timeout_s
+        logger.warning("the cluster does not fit the roles yet (%.0f of %.0f s waited): %s", waited, limit, refusal)
+        time.sleep(min(PLACEMENT_RETRY_S, self.recovery_timeout_s - waited))
+        return True
 
     def restarted(self) -> dict[str, float]:
         """The metrics every step after a restart carries: the restarts so far and the last one's time (from the
