@@ -65,6 +65,8 @@ PIPELINE_SCHEMAS = {
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
+    "reward_fl_flow_shapes": RewardFLConfig,
+    "reward_fl_flow_video": RewardFLConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -162,17 +163,30 @@ def tiny_diffusion_identity(spec: TinyDiffusionSpec, seed: int) -> dict[str, obj
     return {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
 
 
-def parse_tiny_diffusion(reference: str) -> tuple[TinyDiffusionSpec, int]:
-    """The spec and seed a `tiny-diffusion://unet?image_size=16&base_channels=16&seed=0` reference names."""
+def tiny_spec_class(kind: str) -> type:
+    """The spec dataclass of tiny model `kind`: `unet` (DDIM, pixels), `sd3` or `wan` (flow matching, `tiny_flow`)."""
+    from roll.models.diffusion.tiny_flow import TinySD3Spec, TinyWanSpec
+
+    kinds = {"": TinyDiffusionSpec, "unet": TinyDiffusionSpec, "sd3": TinySD3Spec, "wan": TinyWanSpec}
+    if kind not in kinds:
+        raise ValueError(f"tiny diffusion model {kind!r} is not one of: unet, sd3, wan")
+    return kinds[kind]
+
+
+def parse_tiny_diffusion(reference: str) -> tuple[Any, int]:
+    """The spec and seed a `tiny-diffusion://unet?image_size=16&base_channels=16&seed=0` reference names (or
+    `tiny-diffusion://sd3?...`, `tiny-diffusion://wan?frames=5&...`: the flow-matching models of `tiny_flow`)."""
     kind, _, query = reference[len(TINY_DIFFUSION_SCHEME) :].partition("?")
-    if kind not in ("", "unet"):
-        raise ValueError(f"{reference!r}: tiny diffusion model {kind!r} is not one of: unet")
+    try:
+        spec_class = tiny_spec_class(kind)
+    except ValueError as exc:
+        raise ValueError(f"{reference!r}: {exc}") from None
     fields: dict[str, int] = {}
     seed = 0
     for item in filter(None, query.split("&")):
         key, _, value = item.partition("=")
-        if key != "seed" and key not in TinyDiffusionSpec.__dataclass_fields__:
-            valid = ", ".join(["seed", *TinyDiffusionSpec.__dataclass_fields__])
+        if key != "seed" and key not in spec_class.__dataclass_fields__:
+            valid = ", ".join(["seed", *spec_class.__dataclass_fields__])
             raise ValueError(f"{reference!r}: unknown tiny diffusion option {key!r}; valid: {valid}")
         if not value.isdigit():
             raise ValueError(f"{reference!r}: option {key}={value!r} must be a whole number")
@@ -180,7 +194,7 @@ def parse_tiny_diffusion(reference: str) -> tuple[TinyDiffusionSpec, int]:
             seed = int(value)
         else:
             fields[key] = int(value)
-    return TinyDiffusionSpec(**fields), seed
+    return spec_class(**fields), seed
 
 
 def resolve_diffusion_path(model_name_or_path: str, cache_dir: str | None = None) -> str:
@@ -192,7 +206,13 @@ def resolve_diffusion_path(model_name_or_path: str, cache_dir: str | None = None
     if not model_name_or_path.startswith(TINY_DIFFUSION_SCHEME):
         return model_name_or_path
     spec, seed = parse_tiny_diffusion(model_name_or_path)
-    build = lambda path: make_tiny_diffusion(path, spec, seed=seed)  # noqa: E731
-    return build_in_cache(
-        "tiny_diffusion", spec, seed, build, (SPEC_MARKER, tiny_diffusion_identity(spec, seed)), cache_dir
-    )
+    if isinstance(spec, TinyDiffusionSpec):
+        build = lambda path: make_tiny_diffusion(path, spec, seed=seed)  # noqa: E731
+        return build_in_cache(
+            "tiny_diffusion", spec, seed, build, (SPEC_MARKER, tiny_diffusion_identity(spec, seed)), cache_dir
+        )
+    from roll.models.diffusion.tiny_flow import make_tiny_flow, tiny_flow_identity
+
+    build = lambda path: make_tiny_flow(path, spec, seed=seed)  # noqa: E731
+    kind = f"tiny_flow_{type(spec).__name__}"
+    return build_in_cache(kind, spec, seed, build, (SPEC_MARKER, tiny_flow_identity(spec, seed)), cache_dir)

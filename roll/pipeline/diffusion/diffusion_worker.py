@@ -14,6 +14,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.registry import strategy_class
 from roll.models.diffusion.parts import load_diffusion_parts
 from roll.models.model_providers import dtype_from_name
+from roll.pipeline.diffusion.flow_config import FlowArguments
 from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments
 from roll.pipeline.diffusion.reward_fl_model import PolicyConditioning, RewardFLModel, RewardFLOutput, RolloutOutput
 from roll.pipeline.diffusion.sampling import SamplingArguments
@@ -23,7 +24,7 @@ from roll.rewards.image_rewards import build_image_reward
 @dataclass
 class RewardFLSettings:
     """What the driver tells the actor beyond its role config: the reward, the parts that train, the sampling,
-    the loss's regulariser weight, the run's seed and the policy-gradient settings."""
+    the loss's regulariser weight, the run's seed, the policy-gradient settings and the flow models' settings."""
 
     reward_name: str
     reward_kwargs: dict[str, Any]
@@ -32,6 +33,7 @@ class RewardFLSettings:
     regulariser_weight: float
     seed: int
     policy: PolicyGradientArguments = field(default_factory=PolicyGradientArguments)
+    flow: FlowArguments = field(default_factory=FlowArguments)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:

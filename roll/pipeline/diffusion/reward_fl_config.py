@@ -9,10 +9,13 @@ from typing import Any, Literal
 from roll.configs.output_dirs import check_writable
 from roll.configs.schema import ConfigError, Rule, any_value, check, checked_in_validate
 from roll.configs.worker_config import WorkerConfig
+from roll.models.diffusion.flow_parts import flow_family, is_hub_id
 from roll.models.diffusion.parts import TRAINABLE_PARTS, check_diffusion_dir, load_diffusion_scheduler
 from roll.models.diffusion.tiny_diffusion import TINY_DIFFUSION_SCHEME, parse_tiny_diffusion
+from roll.pipeline.base.dry_run.backend_ranks import RankBreakdown
 from roll.pipeline.base.pipeline_config import EXP_NAME
 from roll.pipeline.base.training_config import TrainingRunConfig
+from roll.pipeline.diffusion.flow_config import GROUP_ALGORITHMS, FlowArguments, check_flow_config
 from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments
 from roll.pipeline.diffusion.prompts import PromptDataArguments, load_prompts
 from roll.pipeline.diffusion.sampling import SamplingArguments, gradient_step_mask
@@ -41,13 +44,19 @@ class RewardFLConfig(TrainingRunConfig):
     trained from the frozen noise prediction keeps the images near the start."""
 
     exp_name: str = field(default="reward_fl", metadata=check(EXP_NAME))
-    # reward_fl back-propagates the reward; policy_gradient (DDPO / Flow-GRPO style: stochastic sampling, group-
-    # relative advantages, a clipped ratio) needs no gradient of the reward.
-    algorithm: Literal["reward_fl", "policy_gradient"] = "reward_fl"
+    # reward_fl back-propagates the reward (UNet or flow model); policy_gradient (DDPO: stochastic DDIM, group-
+    # relative advantages, a clipped ratio) needs no gradient of the reward, on a UNet; flow_grpo (an SDE sampler)
+    # and diffusion_nft (final samples only) are the flow models' counterparts.
+    algorithm: Literal["reward_fl", "policy_gradient", "flow_grpo", "diffusion_nft"] = "reward_fl"
     policy: PolicyGradientArguments = field(default_factory=PolicyGradientArguments)
+    flow: FlowArguments = field(default_factory=FlowArguments)
     trainable_models: list[str] = field(
         default_factory=lambda: ["unet"],
-        metadata=check(nonempty=True, items=Rule(choices=TRAINABLE_PARTS), expect="unet and/or text_encoder"),
+        metadata=check(
+            nonempty=True,
+            items=Rule(choices=(*TRAINABLE_PARTS, "transformer")),
+            expect="unet and/or text_encoder, or transformer (flow models)",
+        ),
     )
     sampling: SamplingArguments = field(default_factory=SamplingArguments)
     reward: RewardArguments = field(default_factory=RewardArguments)
@@ -58,8 +67,14 @@ class RewardFLConfig(TrainingRunConfig):
     actor: WorkerConfig = field(default_factory=WorkerConfig)
 
     def sequence_lengths(self) -> tuple[int, int, int | None]:
-        """Images have no token sequences: the dry run estimates model states only."""
+        """Images have no token sequences (the actor's memory is `rank_breakdown`'s)."""
         return 0, 0, None
+
+    def rank_breakdown(self, name: str, role: WorkerConfig, platform: str) -> RankBreakdown | None:
+        """The actor's memory, counted from its diffusion model (`memory_estimate`)."""
+        from roll.pipeline.diffusion.memory_estimate import actor_breakdown
+
+        return actor_breakdown(self, role, platform) if name == "actor" else None
 
     def batch_plan(self) -> list[str]:
         """One step's arithmetic: prompts per rank, micro-batches, denoising steps with and without gradient."""
@@ -68,11 +83,16 @@ class RewardFLConfig(TrainingRunConfig):
             f"{actor.dp_size} rank(s) x micro-batches of {args.per_device_train_batch_size} x "
             f"{args.gradient_accumulation_steps} accumulation"
         )
-        if self.algorithm == "policy_gradient":
+        if self.algorithm in GROUP_ALGORITHMS:
+            sampler = (
+                f"{sampling.num_inference_steps} denoising steps"
+                if self.algorithm == "policy_gradient"
+                else f"{self.flow.rollout_steps} SDE steps (noise level {self.flow.noise_level})"
+            )
+            update = "final samples only" if self.algorithm == "diffusion_nft" else "every step's log-probability"
             return [
-                f"actor: {self.batch_size} prompts x {self.policy.group_size} stochastic samples in "
-                f"{sampling.num_inference_steps} denoising steps (no gradient), then one update on those rows = "
-                f"{split}, every step's log-probability recomputed; {self.max_steps} steps"
+                f"actor: {self.batch_size} prompts x {self.policy.group_size} stochastic samples in {sampler} (no "
+                f"gradient), then one {self.algorithm} update on those rows = {split}, {update}; {self.max_steps} steps"
             ]
         return [
             f"actor: {self.batch_size} prompts per optimizer step = {split}; one image each in "
@@ -84,10 +104,10 @@ class RewardFLConfig(TrainingRunConfig):
         """The algorithm, the reward, the sampling window, the model (or its warm start), one step's rows, the data
         split and the checkpoint to resume from."""
         self.check_reward()
-        if self.algorithm == "policy_gradient" and self.regulariser_weight:
+        if self.algorithm in ("policy_gradient", "flow_grpo") and self.regulariser_weight:
             raise ConfigError(
-                f"regulariser_weight={self.regulariser_weight} applies to algorithm=reward_fl; policy_gradient's "
-                "update is bounded by policy.clip_range: set regulariser_weight=0"
+                f"regulariser_weight={self.regulariser_weight} applies to algorithm=reward_fl or diffusion_nft; "
+                f"{self.algorithm}'s update is bounded by policy.clip_range: set regulariser_weight=0"
             )
         if self.max_response_length != 8:
             raise ConfigError(f"max_response_length={self.max_response_length} does not apply to images; remove it")
@@ -102,7 +122,7 @@ class RewardFLConfig(TrainingRunConfig):
         args = actor.training_args
         step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * actor.dp_size
         rows, spelled = self.batch_size, f"batch_size={self.batch_size}"
-        if self.algorithm == "policy_gradient":
+        if self.algorithm in GROUP_ALGORITHMS:
             rows *= self.policy.group_size
             spelled += f" x policy.group_size={self.policy.group_size}"
         if rows != step_rows:
@@ -121,10 +141,10 @@ class RewardFLConfig(TrainingRunConfig):
                 f"sampling.min_timestep={sampling.min_timestep} must be below sampling.max_timestep="
                 f"{sampling.max_timestep}"
             )
-        if self.actor.model_args.lora_rank > 0 and "unet" not in self.trainable_models:
+        if self.actor.model_args.lora_rank > 0 and not {"unet", "transformer"} & set(self.trainable_models):
             raise ConfigError(
-                "actor.model_args.lora_rank > 0 adapts the UNet, which trainable_models does not list; add unet "
-                "or set lora_rank=0"
+                "actor.model_args.lora_rank > 0 adapts the UNet (or a flow model's transformer), which "
+                "trainable_models does not list; add unet (transformer) or set lora_rank=0"
             )
         if actor.max_tokens_per_microbatch is not None or actor.sequence_packing:
             raise ConfigError(
@@ -134,7 +154,8 @@ class RewardFLConfig(TrainingRunConfig):
                 "columns"
             )
         self.check_model()
-        if self.algorithm == "reward_fl":
+        check_flow_config(self)
+        if self.algorithm == "reward_fl" and not self.flow_model:
             self.check_gradient_window()
         self.check_prompts()
         self.check_resume()
@@ -183,6 +204,12 @@ class RewardFLConfig(TrainingRunConfig):
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
 
+    @property
+    def flow_model(self) -> bool:
+        """Whether the model trained (or warm-started) is a flow-matching one (a hub id is taken to be one)."""
+        model = self.warm_start.base_model or self.actor.model_args.model_name_or_path
+        return flow_family(model) is not None or is_hub_id(model)
+
     def check_model(self) -> None:
         """The actor's model exists, or the warm start will write it there from a base model that exists."""
         field_name, path = "actor.model_args.model_name_or_path", self.actor.model_args.model_name_or_path
@@ -201,6 +228,8 @@ class RewardFLConfig(TrainingRunConfig):
             except ValueError as exc:
                 raise ConfigError(f"{field_name}: {exc}") from exc
             return
+        if is_hub_id(path) or flow_family(path):
+            return  # a flow-matching pipeline: diffusers loads it (a hub id's files are checked when it loads)
         if not path or not Path(path).is_dir():
             raise ConfigError(
                 f"{field_name}={path!r} is not a directory: give a diffusers text-to-image directory or a "

@@ -26,10 +26,11 @@ from roll.models.diffusion.tiny_diffusion import resolve_diffusion_path
 from roll.pipeline.base.residency import Residency, phase
 from roll.pipeline.base.training_loop import TrainingRunPipeline, before_after_summary
 from roll.pipeline.diffusion.diffusion_worker import RewardFLSettings
-from roll.pipeline.diffusion.image_grid import save_image_grid
+from roll.pipeline.diffusion.flow_sampling import nft_optimality
+from roll.pipeline.diffusion.flow_warm_start import warm_start_of
 from roll.pipeline.diffusion.prompts import load_prompts, prompt_splits
 from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
-from roll.pipeline.diffusion.warm_start import run_warm_start
+from roll.pipeline.diffusion.video_media import save_samples
 
 REWARD_FL = phase("reward_fl", "actor")
 ROLLOUT = phase("rollout", "actor")
@@ -49,10 +50,10 @@ class RewardFLPipeline(TrainingRunPipeline):
 
     def __init__(self, config: RewardFLConfig) -> None:
         started = time.perf_counter()
-        self.warm_start = run_warm_start(config.warm_start) if config.warm_start.base_model else {}
+        self.warm_start = warm_start_of(config)
         super().__init__(config)
         model_path = resolve_diffusion_path(config.actor.model_args.model_name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(Path(model_path) / "tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(model_path, subfolder="tokenizer")
         train, held_out = prompt_splits(load_prompts(config.data.prompt_file), config.data.held_out_prompts)
         self.encode = lambda prompts: DataProto.from_dict(tensors=encode_prompts(tokenizer, prompts))
         self.sampler = PromptSampler(train, config.batch_size, config.seed)
@@ -66,6 +67,7 @@ class RewardFLPipeline(TrainingRunPipeline):
             config.regulariser_weight,
             config.seed,
             config.policy,
+            config.flow,
         )
         with self.released_on_failure():
             self.start_cluster("actor").initialize(self.settings)
@@ -84,7 +86,7 @@ class RewardFLPipeline(TrainingRunPipeline):
         if not first_path.exists():
             first_path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(images, first_path)
-            save_image_grid(images, self.columns, self.log_dir / "images_before.png")
+            save_samples(images, self.columns, self.log_dir, "images_before")
         self.latest_images = images
         distance = (images - torch.load(first_path)).abs().mean().item()
         return {"val/reward": sampled.batch["rewards"].mean().item(), "val/distance_from_start": distance}
@@ -92,8 +94,10 @@ class RewardFLPipeline(TrainingRunPipeline):
     def step(self) -> dict[str, float]:
         """One step on the next batch of training prompts: Reward FL, or a rollout and a policy-gradient update."""
         timings: dict[str, float] = {}
-        if self.config.algorithm == "policy_gradient":
+        if self.config.algorithm in ("policy_gradient", "flow_grpo"):
             metrics = self.policy_gradient_step(timings)
+        elif self.config.algorithm == "diffusion_nft":
+            metrics = self.diffusion_nft_step(timings)
         else:
             batch = self.encode(self.sampler.next_batch())
             with self.residency.timed(REWARD_FL, timings):
@@ -121,6 +125,24 @@ class RewardFLPipeline(TrainingRunPipeline):
             metrics = actor.policy_gradient_step(update)[0]
         return metrics | {"reward": rewards.mean().item()}
 
+    def diffusion_nft_step(self, timings: dict[str, float]) -> dict[str, float]:
+        """DiffusionNFT: `policy.group_size` samples per prompt from any sampler (`flow.rollout_steps` SDE steps at
+        `flow.noise_level`, 0 = Euler), their group-relative advantages mapped to optimality probabilities, then
+        one update on the final samples alone; the update's metrics and the samples' reward."""
+        actor, group = self.clusters["actor"], self.config.policy.group_size
+        prompts = self.sampler.next_batch()
+        batch = self.encode([prompt for prompt in prompts for _ in range(group)])
+        with self.residency.timed(ROLLOUT, timings):
+            rollouts = actor.sample_rollouts(batch, self.config.seed).batch
+        rewards = rollouts["rewards"].float()
+        advantages = normalize_scores(rewards, torch.arange(len(prompts)).repeat_interleave(group), "group")
+        optimality = nft_optimality(advantages, self.config.flow.nft_advantage_clip)
+        samples = rollouts["latents"][:, -1]
+        update = batch.union(DataProto.from_dict(tensors={"samples": samples, "optimality": optimality}))
+        with self.residency.timed(POLICY_UPDATE, timings):
+            metrics = actor.nft_step(update)[0]
+        return metrics | {"reward": rewards.mean().item()}
+
     def postfix(self, metrics: dict[str, float], evaluation: dict[str, float]) -> dict[str, str]:
         """Loss, the batch's reward and the latest held-out reward."""
         return {
@@ -131,7 +153,7 @@ class RewardFLPipeline(TrainingRunPipeline):
 
     def summarize(self, before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float], str]:
         """Held-out reward before and after, the images' distance from the start, the times; the last grid as PNG."""
-        grid = save_image_grid(self.latest_images, self.columns, self.log_dir / "images_after.png")
+        grid = save_samples(self.latest_images, self.columns, self.log_dir, "images_after")
         summary = before_after_summary(before, after, "reward", "distance_from_start") | self.warm_start
         summary["wall_s"] = time.perf_counter() - self.started
         line = (

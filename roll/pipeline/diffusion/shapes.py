@@ -32,9 +32,13 @@ def all_prompts() -> list[str]:
 def draw(prompt: str, size: int, rng: random.Random) -> torch.Tensor:
     """The image of `prompt` ("a <colour> <shape>") `[3, size, size]` in [0, 1]: the shape on black, placed and
     sized by `rng`."""
-    _, colour, shape = prompt.split()
     radius = rng.uniform(size / 6, size / 3)
-    cx, cy = rng.uniform(radius, size - radius), rng.uniform(radius, size - radius)
+    return draw_at(prompt, size, rng.uniform(radius, size - radius), rng.uniform(radius, size - radius), radius)
+
+
+def draw_at(prompt: str, size: int, cx: float, cy: float, radius: float) -> torch.Tensor:
+    """The image of `prompt` `[3, size, size]`: its shape of `radius` centred at (`cx`, `cy`) pixels, on black."""
+    _, colour, shape = prompt.split()
     ys, xs = torch.meshgrid(torch.arange(size) + 0.5, torch.arange(size) + 0.5, indexing="ij")
     dx, dy = xs - cx, ys - cy
     if shape == "circle":
@@ -44,6 +48,17 @@ def draw(prompt: str, size: int, rng: random.Random) -> torch.Tensor:
     else:  # a triangle pointing up: below the two slanted edges, above the base
         inside = (dy <= radius * 0.8) & (dy >= -radius + 2 * dx.abs())
     return torch.tensor(COLOURS[colour]).view(3, 1, 1) * inside.float()
+
+
+def draw_clip(prompt: str, size: int, frames: int, rng: random.Random) -> torch.Tensor:
+    """A clip of `prompt` `[3, frames, size, size]`: its shape moving in a straight line from a random place in a
+    random direction, staying inside the frame."""
+    radius = rng.uniform(size / 6, size / 4)
+    start = [rng.uniform(radius, size - radius) for _ in range(2)]
+    end = [rng.uniform(radius, size - radius) for _ in range(2)]
+    steps = max(frames - 1, 1)
+    positions = [[a + (b - a) * f / steps for a, b in zip(start, end, strict=True)] for f in range(frames)]
+    return torch.stack([draw_at(prompt, size, x, y, radius) for x, y in positions], dim=1)
 
 
 def draw_batch(prompts: list[str], size: int, rng: random.Random) -> torch.Tensor:
