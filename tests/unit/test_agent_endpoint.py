@@ -391,3 +391,49 @@ def test_data_rows_as_an_agents_tasks_are_checked_before_ray(tmp_path: Any) -> N
         load_config("agentic_calculator_agent", [*recipe, f"data.train_file={missing}", f"data.eval_file={missing}"])
     config = load_config("agentic_calculator_agent", recipe)
     assert any("data rows" in line and "math_reward" in line for line in config.env.describe(128, 13))
+
+
+def test_a_source_played_by_an_agent_mixes_with_an_environment_source(tokenizer: Any) -> None:
+    """env.sources with an agent source (`tests.agents.extending_agent` on EchoTask) beside an environment source
+    (TwoTurns): one batch in the episodes' order, each group of one source, each played its own way; metrics per
+    source, the overall ones over all episodes."""
+    from roll.pipeline.agentic.env_rollout import EnvRollouts
+    from roll.pipeline.agentic.mixed_rollout import MixedRollout
+    from roll.pipeline.agentic.sources import EnvSource, draw_sources
+
+    sources = [
+        EnvSource(name="echo", env="tests.agents.EchoTask", agent="tests.agents.extending_agent"),
+        EnvSource(name="game", env="test_two_turns"),
+    ]
+    env = EnvArguments(sources=sources, max_trajectory_tokens=24, max_observation_tokens=16, agent_timeout_s=10.0)
+    env.validate(max_new_tokens=4)
+    assert any("played by the agent tests.agents.extending_agent" in line for line in env.describe(8, 4))
+    seeds = [seed for seed in range(4) for _ in range(2)]
+    names = draw_sources(seeds, sources)
+    assert set(names) == {"echo", "game"}  # seeds 0-3 draw both
+    server = ChatServer()
+    rollout = MixedRollout(env, tokenizer, pad_id=0, server=server)
+    engine = ScriptedEngine(tokenizer)
+    try:
+        batch, metrics = rollout.run(engine.generate, seeds, GeneratingArguments(max_new_tokens=4), base_seed=1)
+    finally:
+        server.close()
+        rollout.close()
+    # One row per episode here (no history was rewritten), in the seeds' order, each tagged with its source.
+    assert batch.batch["episode_index"].tolist() == list(range(8))
+    assert list(batch.non_tensor_batch["env_source"]) == names
+    xy_eos, again, ok = engine.sampled, _ids(tokenizer, "again\n"), _ids(tokenizer, "ok\n")
+    for row, name in enumerate(names):
+        response = batch.batch["responses"][row].tolist()
+        observation = again if name == "echo" else ok  # the agent's user turn, or the environment's observation
+        assert response[: 2 * len(xy_eos) + len(observation)] == xy_eos + observation + xy_eos
+    # The agent's final answer "xy" scores 0 (even length); TwoTurns pays 0.5 + 1 over its two turns.
+    assert batch.batch["scores"].tolist() == [0.0 if name == "echo" else 1.5 for name in names]
+    echo = names.count("echo")
+    assert metrics["rollout/echo/agent_calls_per_episode"] == 2 and metrics["rollout/echo/success"] == 0
+    assert metrics["rollout/game/success"] == 1 and metrics["rollout/agent_rows"] == echo
+    assert metrics["rollout/success"] == pytest.approx((len(names) - echo) / len(names))
+    assert metrics["rollout/turns_mean"] == pytest.approx((echo * 1 + (len(names) - echo) * 2) / len(names))
+    rollouts = EnvRollouts(env, tokenizer, 0, GeneratingArguments(max_new_tokens=4), False)
+    assert isinstance(rollouts.rollout, MixedRollout) and rollouts.server is not None
+    rollouts.close()

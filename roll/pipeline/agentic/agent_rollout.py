@@ -56,9 +56,11 @@ class AgentRollout:
         with_engine_log_probs: bool = False,
         stop_ids: Sequence[int] = (),
         tasks: Callable[[int], AgentTask] | None = None,
+        source: str = "",
     ) -> None:
         assert env.agent is not None
         self.env = env
+        self.source = source  # the name of the env.sources entry it plays, for the metrics and errors
         # Each episode seed's task (`agent_tasks.task_maker`): an environment's reset, or a data row.
         self.tasks = tasks or task_maker(env, None)
         self.agent = load_agent(env.agent)
@@ -135,7 +137,7 @@ class AgentRollout:
     def _episode(self, session: AgentSession, outcome: Outcome) -> tuple[Episode, list[Episode]]:
         """The episode (its metrics) and its trained rows, one per segment; a failed one marked with its error and
         given one row."""
-        episode = Episode(session.seed, done=True)
+        episode = Episode(session.seed, self.source, done=True)
         episode.counts[TOOL_CALLS] = float(session.tool_calls())
         segments = session.trajectories()
         error = _failure(outcome, bool(segments), self.env.agent_timeout_s)

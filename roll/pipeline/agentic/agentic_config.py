@@ -88,7 +88,7 @@ class EnvArguments:
             return {self.name: self}
         blocks = {}
         for i, source in enumerate(self.sources):
-            block = replace(self, name=source.env, kwargs=dict(source.kwargs), sources=[])
+            block = replace(self, name=source.env, kwargs=dict(source.kwargs), sources=[], agent=source.agent)
             block.name_field, block.kwargs_field = f"env.sources[{i}].env", f"env.sources[{i}].kwargs"
             blocks[source.name] = block
         return blocks
@@ -137,7 +137,9 @@ class EnvArguments:
         total = sum(source.weight for source in self.sources)
         held_out = self.source_names(self.eval_seeds())
         return [
-            f"env source {source.name}: {source.env} with {source.kwargs}, weight {source.weight:g} "
+            f"env source {source.name}: {source.env} with {source.kwargs}"
+            + (f", played by the agent {source.agent}" if source.agent else "")
+            + f", weight {source.weight:g} "
             f"({source.weight / total:.0%}): about {episodes * source.weight / total:.1f} of {episodes} episodes per "
             f"step (whole groups), {held_out.count(source.name)} of {self.eval_episodes} held-out seeds"
             for source in self.sources
@@ -184,9 +186,18 @@ class EnvArguments:
             )
         if self.agent is not None:
             raise ConfigError(
-                f"env.agent={self.agent} plays one environment's tasks and env.sources mixes environments: "
-                "a run takes one of the two"
+                f"env.agent={self.agent} plays one environment's tasks and env.sources mixes environments: name the "
+                "agent in the source it plays (env.sources[i].agent) instead"
             )
+        if self.agent_task == "data":
+            raise ConfigError(
+                "env.agent_task=data gives one agent the data rows; the agents of env.sources play environments"
+            )
+        for i, source in enumerate(self.sources):
+            if source.agent is not None:
+                from roll.pipeline.agentic.agent_runner import load_agent
+
+                load_agent(source.agent, f"env.sources[{i}].agent")
 
     def _check_data_tasks(self) -> None:
         """An agent plays the data rows, scored by `reward_fn`; no environment beside them (the rows themselves are
@@ -214,6 +225,10 @@ class EnvArguments:
                     f"env.sources[{i}] ({source.name}, weight {source.weight:g}) draws none of the "
                     f"env.eval_episodes={self.eval_episodes} held-out seeds; raise env.eval_episodes or its weight"
                 )
+
+    def has_agents(self) -> bool:
+        """An agent plays this block's episodes, or some of its sources'."""
+        return self.agent is not None or any(source.agent for source in self.sources)
 
     def _check_agent(self) -> None:
         """The agent imports and takes (task, client); it runs in the driver, beside the endpoint."""

@@ -19,6 +19,7 @@ from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_tasks import task_maker
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
+from roll.pipeline.agentic.mixed_rollout import MixedRollout
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from roll.pipeline.agentic.sources import group_by_source
 
@@ -80,7 +81,7 @@ class EnvRollouts:
         # stop_ids: the ids generation stops on (the policy's generation config's EOS list), ending a turn.
         # With env.agent, the user's agent plays the episodes through the endpoint both rollouts share, its tasks
         # an environment's or (env.agent_task=data) the rows of `data`.
-        self.server = ChatServer() if env.agent else None
+        self.server = ChatServer() if env.has_agents() else None
         self.agent_tasks = task_maker(env, data) if env.agent else None
         self.rollout = self._rollout(tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.greedy_rollout = self._rollout(tokenizer, pad_id, False, stop_ids)
@@ -88,7 +89,9 @@ class EnvRollouts:
 
     def _rollout(
         self, tokenizer: Any, pad_id: int, with_engine_log_probs: bool, stop_ids: Sequence[int]
-    ) -> MultiTurnRollout | AgentRollout:
+    ) -> MultiTurnRollout | AgentRollout | MixedRollout:
+        if self.server is not None and self.env.sources:  # some sources played by agents
+            return MixedRollout(self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids)
         if self.server is not None:
             return AgentRollout(
                 self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids, self.agent_tasks
@@ -135,12 +138,12 @@ class EnvRollouts:
         return held_out_metrics(greedy, sampled, [source.name for source in self.env.sources])
 
     def close(self) -> None:
-        """Close the environments of both rollouts, or the agents' endpoint."""
+        """Close the environments of both rollouts, and the agents' endpoint."""
         if self.server is not None:
             self.server.close()
-            return
-        self.rollout.close()
-        self.greedy_rollout.close()
+        for rollout in (self.rollout, self.greedy_rollout):
+            if not isinstance(rollout, AgentRollout):  # an agent's tasks close with their episodes
+                rollout.close()
 
 
 def held_out_metrics(greedy: dict[str, float], sampled: dict[str, float], sources: list[str]) -> dict[str, float]:

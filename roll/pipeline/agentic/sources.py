@@ -1,5 +1,5 @@
-"""Several environments in one run (`env.sources`): each source's environment and weight, the seeded draw of an
-episode's source, and the per-source metric keys (`rollout/<source>/...`, `val/<source>/...`).
+"""Several environments in one run (`env.sources`): each source's environment (or agent) and weight, the seeded draw
+of an episode's source, and the per-source metric keys (`rollout/<source>/...`, `val/<source>/...`).
 
 An episode's source is drawn from its seed, so the members of a GRPO group (which share their seed) play the same
 source, a resumed or repeated run draws the same sources, and held-out seeds always meet the same environments.
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from roll.configs.schema import ConfigError, any_value, check, field_rule
+from roll.configs.schema import DOTTED_PATH, ConfigError, any_value, check, field_rule
 
 T = TypeVar("T")
 
@@ -38,6 +38,9 @@ class EnvSource:
     )
     # Relative: a source's share of the episodes is its weight over the sum of the weights.
     weight: float = field(default=1.0, metadata=check(gt=0))
+    # A user's agent `package.module.function(task, client)` that plays this source's episodes through the endpoint,
+    # as env.agent does (`env` then gives its tasks and scores its final answers); None: the policy plays `env`.
+    agent: str | None = field(default=None, metadata=check(DOTTED_PATH))
 
     def check_fields(self, path: str) -> None:
         """Every field's rule, the omitted ones included (the schema checks only the keys a YAML gives)."""
