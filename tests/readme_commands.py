@@ -281,6 +281,7 @@ BF16 = "actor_train.model_args.dtype=bf16 actor_infer.model_args.dtype=bf16 refe
 MEASUREMENTS = (
     "python benchmarks/generation_throughput.py --prompts 512 --engines hf_infer vllm vllm_compiled",
     "python benchmarks/chaos.py --write-docs",
+    "python benchmarks/chaos.py --nodes 2 --faults node --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
     "python benchmarks/memory_estimate.py --malloc dynamic",
@@ -580,6 +581,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     # pytest's report options aside, the whole suite.
     "bash scripts/test.sh --durations=0 --junitxml=...": Collected("tests/"),
     "bash scripts/test.sh --durations=0 --junitxml=suite.xml": Collected("tests/"),
+    "bash scripts/test.sh --cov --cov-report=term": Collected("tests/"),
     "roll-sft --config-name sft_frozen_lake max_steps=2 eval_steps=2": Run(
         "roll-sft --config-name sft_frozen_lake max_steps=2 eval_steps=2", beside=True
     ),
