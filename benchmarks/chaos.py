@@ -1,6 +1,7 @@
 """Faults at seeded random moments of an RLVR run, against the same run uninterrupted.
 
     python benchmarks/chaos.py [--steps 8] [--seed 0] [--faults train infer reward driver] [--write-docs] [OVERRIDE ...]
+    python benchmarks/chaos.py --nodes 2 --faults node [--write-docs]
 
 The job is the default recipe (rlvr_arithmetic.yaml) cut short as the tests run it: the tiny untrained model, 8
 prompts of 4 samples a step, actor_train on two device slots and actor_infer on a third of its own (so killing it
@@ -14,6 +15,7 @@ script injects each fault after a seeded step, a seeded fraction of a step later
     reward  SIGKILL to the reward worker           idem
     driver  SIGTERM to the driver                  it checkpoints and exits 75; started again, as a requeued job is,
                                                    with resume_from_checkpoint=auto
+    node    SIGKILL to the second node's raylet    (--nodes 2) the run restarts its roles once another node joined
 
 For each fault: whether the run went on, the steps it had logged that it computed again (the work since the last
 checkpoint), the time Ray and roll took to start the roles again (`fault/recovery_s`), and the time from the fault
@@ -27,14 +29,18 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -45,7 +51,7 @@ from roll.pipeline.base.checkpoint_state import latest_complete_tag  # noqa: E40
 from roll.pipeline.base.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 
 DOC = REPO_ROOT / "docs" / "fault_tolerance.md"
-BLOCK = "chaos"
+BLOCKS = ("chaos", "chaos_nodes")  # one node, and the local cluster of two (--nodes 2)
 JOB = (
     "platform=cpu",
     "pretrain=tiny://qwen2",
@@ -56,19 +62,36 @@ JOB = (
     "actor_infer.generating_args.num_return_sequences=4",
     "actor_infer.generating_args.max_new_tokens=4",
     "actor_train.training_args.gradient_accumulation_steps=1",
+    "rewards.math.reward_fn=tests.reward_functions.parity_reward",
+)
+ONE_NODE = (
     "actor_train.training_args.per_device_train_batch_size=16",
     "devices_per_node=3",
     "actor_train.device_mapping=0-1",
     "reference.device_mapping=0-1",
     "actor_infer.device_mapping=2",
-    "rewards.math.reward_fn=tests.reward_functions.parity_reward",
 )
-# The worker each fault kills (its pid file, `<role>-<rank>.pid`), or None for SIGTERM to the driver.
+# --nodes 2: a Ray cluster of this machine's loopback addresses (as tests/integration/test_multinode.py builds it),
+# a head without CPUs where the drivers connect and two nodes; actor_train and the reference on the first,
+# actor_infer on the second, whose raylet the `node` fault kills.
+TWO_NODES = (
+    "actor_train.training_args.per_device_train_batch_size=32",
+    "num_nodes=2",
+    "devices_per_node=1",
+    "actor_train.device_mapping=0",
+    "reference.device_mapping=0",
+    "actor_infer.device_mapping=1",
+)
+HEAD_IP, NODE_IPS, SPARE_IP, NODE_CPUS = "127.0.0.4", ("127.0.0.2", "127.0.0.3"), "127.0.0.5", 2
+SPARE_AFTER_S = 10.0  # how long the lost node stays lost before another joins in its place
+# The worker each fault kills (its pid file, `<role>-<rank>.pid`), None for SIGTERM to the driver, or NODE.
+NODE = "node"
 FAULTS = {
     "train": ("a training worker (actor_train rank 1, SIGKILL)", "actor_train-1"),
     "infer": ("an inference worker (actor_infer rank 0, SIGKILL)", "actor_infer-0"),
     "reward": ("a reward worker (rewards.math rank 0, SIGKILL)", "rewards.math-0"),
     "driver": ("the driver (SIGTERM), started again", None),
+    "node": ("the second node's raylet (SIGKILL), another node joining 10 s later", NODE),
 }
 TIMEOUT_S = 900.0
 COMPARED = ("actor/loss", "actor/grad_norm", "rollout/score_mean")
@@ -112,19 +135,60 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.1)
 
 
-def start(output: Path, steps: int, overrides: list[str], *extra: str) -> subprocess.Popen:
+@dataclass
+class Setting:
+    """Where the runs go: the job's overrides and, on two nodes, the local cluster the drivers connect to."""
+
+    steps: int
+    overrides: list[str]
+    cluster: Any = None  # ray.cluster_utils.Cluster with --nodes 2
+
+    def spare_node(self) -> None:
+        """A node like the lost one joins the cluster."""
+        self.cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=SPARE_IP)
+
+
+@contextmanager
+def setting(nodes: int, steps: int, overrides: list[str]) -> Iterator[Setting]:
+    """The runs' setting: this machine's embedded Ray (one node), or a local cluster of two."""
+    if nodes == 1:
+        yield Setting(steps, [*ONE_NODE, *overrides])
+        return
+    from ray.cluster_utils import Cluster
+
+    temp_dir = tempfile.mkdtemp(prefix="roll_chaos_ray_", dir="/tmp")
+    # Ray would record the head in /tmp/ray/ray_current_cluster, where others' address-less ray.init() would find it.
+    with mock.patch("ray._private.utils.write_ray_address"):
+        cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={"num_cpus": 0, "node_ip_address": HEAD_IP, "temp_dir": temp_dir},
+        )
+    try:
+        for ip in NODE_IPS:
+            cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=ip)
+        cluster.wait_for_nodes()
+        yield Setting(steps, [*TWO_NODES, *overrides], cluster)
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def start(output: Path, where: Setting, *extra: str) -> subprocess.Popen:
     """The RLVR entry point in its own process, writing under `output`, its workers' pids in `output/pids`."""
     command = [
         sys.executable,
         str(REPO_ROOT / "examples" / "start_rlvr_pipeline.py"),
         *JOB,
-        f"max_steps={steps}",
+        f"max_steps={where.steps}",
         f"output_dir={output}",
-        *overrides,
+        *where.overrides,
         *extra,
     ]
     (output / "pids").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ROLL_PID_DIR": str(output / "pids"), "PYTHONPATH": str(REPO_ROOT)}
+    if where.cluster is not None:
+        env["RAY_ADDRESS"] = where.cluster.address
     log = (output / "driver.log").open("a")
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -137,7 +201,7 @@ def plan(names: list[str], steps: int, seed: int) -> list[Fault]:
     return [Fault(name, step, round(rng.uniform(0.0, 1.0), 2)) for name, step in zip(names, after, strict=True)]
 
 
-def inject(fault: Fault, run: subprocess.Popen, output: Path, steps: int, overrides: list[str]) -> subprocess.Popen:
+def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting) -> subprocess.Popen:
     """Wait for the fault's moment, strike, and wait until the run logged a step after it; the run's process (a
     new one after SIGTERM to the driver)."""
     run_dir = output / "rlvr"
@@ -147,23 +211,29 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, steps: int, overri
     fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
     restarts = max((r.get("fault/restarts", 0) for r in rows_of(run_dir)), default=0)
     struck = time.monotonic()
-    pid_file = FAULTS[fault.name][1]
-    if pid_file is None:
+    target = FAULTS[fault.name][1]
+    if target is None:
         run.send_signal(signal.SIGTERM)
         if run.wait(timeout=TIMEOUT_S) != PREEMPTED_EXIT_CODE:
             return run
         fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
-        run = start(output, steps, overrides, "resume_from_checkpoint=auto")
+        run = start(output, where, "resume_from_checkpoint=auto")
         logged_after = lambda: any(r["step"] > fault.resumed_from for r in rows_of(run_dir))  # noqa: E731
     else:
-        os.kill(int((output / "pids" / f"{pid_file}.pid").read_text()), signal.SIGKILL)
+        if target == NODE:
+            lost = next(node for node in where.cluster.worker_nodes if node.node_ip_address == NODE_IPS[1])
+            where.cluster.remove_node(lost, allow_graceful=False)
+            time.sleep(SPARE_AFTER_S)
+            where.spare_node()
+        else:
+            os.kill(int((output / "pids" / f"{target}.pid").read_text()), signal.SIGKILL)
         logged_after = lambda: any(r.get("fault/restarts", 0) > restarts for r in rows_of(run_dir))  # noqa: E731
     wait_until(lambda: logged_after() or run.poll() not in (None, 0), f"a step after the {fault.name} fault")
     if run.poll() in (None, 0):
         fault.survived = True
         fault.back_s = time.monotonic() - struck
         first = next(r for r in rows_of(run_dir) if r["step"] > fault.resumed_from)
-        fault.restart_s = first.get("fault/recovery_s", float("nan")) if pid_file else float("nan")
+        fault.restart_s = first.get("fault/recovery_s", float("nan")) if target else float("nan")
     return run
 
 
@@ -188,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=list(FAULTS))
+    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=["train", "infer", "reward", "driver"])
+    parser.add_argument("--nodes", type=int, choices=(1, 2), default=1, help="2: a local cluster (the node fault)")
     parser.add_argument(doc_tables.WRITE_DOCS, action="store_true", dest="write_docs")
     return parser
 
@@ -197,19 +268,21 @@ def main() -> None:
     args, overrides = build_parser().parse_known_args()
     if len(args.faults) > args.steps - 2:
         raise SystemExit(f"--steps {args.steps} leaves room for {args.steps - 2} faults, not {len(args.faults)}")
+    if NODE in args.faults and args.nodes != 2:
+        raise SystemExit("the node fault needs --nodes 2")
     workers = sum(FAULTS[name][1] is not None for name in args.faults)
     faults = plan(list(args.faults), args.steps, args.seed)
-    with tempfile.TemporaryDirectory(prefix="roll-chaos-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="roll-chaos-") as tmp, setting(args.nodes, args.steps, overrides) as where:
         clean, chaos = Path(tmp) / "clean", Path(tmp) / "chaos"
         started = time.monotonic()
-        run = start(clean, args.steps, overrides)
+        run = start(clean, where)
         if run.wait() != 0:
             raise SystemExit(f"the uninterrupted run failed; see {clean / 'driver.log'}")
         clean_s = time.monotonic() - started
         started = time.monotonic()
-        run = start(chaos, args.steps, overrides, f"fault_tolerance.max_restarts={workers}")
+        run = start(chaos, where, f"fault_tolerance.max_restarts={workers}")
         for fault in faults:
-            run = inject(fault, run, chaos, args.steps, overrides)
+            run = inject(fault, run, chaos, where)
             print(fault, flush=True)
         code = run.wait(timeout=TIMEOUT_S)
         chaos_s = time.monotonic() - started
@@ -218,13 +291,14 @@ def main() -> None:
         worst_metric, worst_weight = compare(clean / "rlvr", chaos / "rlvr")
         final = rows_of(chaos / "rlvr")[-1]["step"]
     lines = [
-        "| fault | after step | +s | survived | steps computed again | roles restarted (s) | fault to next step (s) |",
-        "|---|---:|---:|---|---:|---:|---:|",
+        "| fault | planned: after step, +s | last step logged | survived | steps computed again | roles restarted (s) "
+        "| fault to next step (s) |",
+        "|---|---|---:|---|---:|---:|---:|",
     ]
     for fault in faults:
         lost = fault.at_step - fault.resumed_from
         lines.append(
-            f"| {FAULTS[fault.name][0]} | {fault.after_step} | {fault.delay_s:.2f} | "
+            f"| {FAULTS[fault.name][0]} | {fault.after_step}, +{fault.delay_s:.2f} | {fault.at_step} | "
             f"{'yes' if fault.survived else 'no'} | {lost} | {fault.restart_s:.1f} | {fault.back_s:.1f} |"
         )
     text = "\n".join(lines) + (
@@ -234,7 +308,7 @@ def main() -> None:
     )
     print(text)
     if args.write_docs:
-        doc_tables.write_block(DOC, BLOCK, doc_tables.command_line(__file__, sys.argv[1:]), text)
+        doc_tables.write_block(DOC, BLOCKS[args.nodes - 1], doc_tables.command_line(__file__, sys.argv[1:]), text)
 
 
 if __name__ == "__main__":
