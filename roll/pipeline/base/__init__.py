@@ -14,7 +14,9 @@ What it gets for free:
 - `rl_workers`, `reward_model_worker`: the actor (train, infer, reference), the critic and the
   outcome and process reward-model scorers, with their losses from `roll.algorithms`;
 - `residency`: which roles' states each phase needs on the devices, offloading the others;
-- `checkpoint_state`, `resumable`: the driver's part of a checkpoint and `resume_from_checkpoint`;
+- `checkpoint_state`, `resumable`: the driver's part of a checkpoint, `keep_last_n` and `resume_from_checkpoint`;
+- `fault_tolerance_config`, `recovery`, `preemption`: restarts after a lost worker or node, and the stop with a
+  checkpoint on SIGTERM/SIGINT (docs/fault_tolerance.md);
 - `training_loop`, `preference_config`, `preference_loop`: the loop of steps, held-out evaluation,
   checkpoints, resume and export, and preference-pair data on top of it;
 - `evaluation`: greedy held-out accuracy (the run's metrics go to `roll.utils.tracking.MetricsTracker.for_run`);
