@@ -30,6 +30,7 @@ from roll.distributed.strategy.registry import check_strategy_args, strategy_cla
 from roll.models.hub import resolve_model_id
 from roll.models.model_providers import peek_tokenizer
 from roll.models.tiny import TINY_SCHEME
+from roll.pipeline.base.dry_run.backend_ranks import RankBreakdown
 from roll.pipeline.base.dry_run.model_shape import tiny_shape
 from roll.utils.external_trackers import TRACKER_PACKAGES, missing_packages
 from roll.utils.imports import exception_line
@@ -141,6 +142,11 @@ class PipelineConfig:
         The dry run's memory estimate sizes activations and KV caches with them.
         """
         return 0, 0, None
+
+    def rank_breakdown(self, name: str, role: WorkerConfig, platform: str) -> RankBreakdown | None:
+        """What one rank of role `name` holds, when this pipeline counts it itself (a model the decoder arithmetic of
+        `dry_run.backend_ranks` cannot count); None: the dry run counts it from the model's config.json."""
+        return None
 
     def validate(self) -> None:
         """Resolve defaults that depend on the machine, check every role and fetch the models named by hub id; raise

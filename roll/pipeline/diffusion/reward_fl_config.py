@@ -71,10 +71,16 @@ class RewardFLConfig(TrainingRunConfig):
         return 0, 0, None
 
     def rank_breakdown(self, name: str, role: WorkerConfig, platform: str) -> RankBreakdown | None:
-        """The actor's memory, counted from its diffusion model (`memory_estimate`)."""
+        """The actor's memory, counted from its diffusion model (`memory_estimate`), once per platform: the plan and
+        the node estimate both ask."""
         from roll.pipeline.diffusion.memory_estimate import actor_breakdown
 
-        return actor_breakdown(self, role, platform) if name == "actor" else None
+        if name != "actor":
+            return None
+        counted = self.__dict__.setdefault("_actor_breakdowns", {})
+        if platform not in counted:
+            counted[platform] = actor_breakdown(self, role, platform)
+        return counted[platform]
 
     def batch_plan(self) -> list[str]:
         """One step's arithmetic: prompts per rank, micro-batches, denoising steps with and without gradient."""

@@ -57,7 +57,8 @@ class _Lengths:
         return _share(self.prompts, role.dp_size) if self.prompts else role.infer_batch_size
 
 
-_Built = tuple[tuple[MemoryItem, ...], dict[str, tuple[MemoryItem, ...]], tuple[str, ...]]
+# What one rank holds: its resident items, the items each phase adds, and notes on how they were counted.
+RankBreakdown = tuple[tuple[MemoryItem, ...], dict[str, tuple[MemoryItem, ...]], tuple[str, ...]]
 
 
 def _model_params(role: WorkerConfig, shape: ModelShape, kind: str) -> tuple[int, int]:
@@ -116,7 +117,18 @@ def _fsdp2_as_zero3(role: WorkerConfig, shape: ModelShape) -> tuple[int, str, st
     return 3, offload, offload, zero
 
 
-def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths, platform: str) -> _Built:
+def reduce_buckets(zero: dict[str, Any], stage: int, trainable: int, dtype: str, platform: str) -> MemoryItem:
+    """The gradient reduce buckets of a ZeRO `stage` rank with `trainable` parameters, by its zero_optimization block.
+
+    Stages 1-2 double-buffer their reduce bucket for overlap_comm; stage 3 keeps one. A GPU allocates the buckets
+    in full; on CPU only the pages the gradients passing through them fill are touched (docs/zero_memory.md).
+    """
+    count = 2 if zero.get("overlap_comm") and stage in (1, 2) else 1
+    elements = count * int(zero.get("reduce_bucket_size", _DS_REDUCE_BUCKET))
+    return MemoryItem("buckets", DTYPE_BYTES[dtype] * (min(elements, trainable) if platform == "cpu" else elements))
+
+
+def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths, platform: str) -> RankBreakdown:
     fsdp2 = role.strategy_args.strategy_name == "fsdp2_train"
     stage, offload_optimizer, offload_params, zero = _fsdp2_as_zero3(role, shape) if fsdp2 else _zero_block(role)
     dtype, args, ranks = role.model_args.dtype, role.training_args, role.dp_size
@@ -144,11 +156,7 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
             offload_params=offload_params,
         )
     )
-    # Stages 1-2 double-buffer their reduce bucket for overlap_comm; stage 3 keeps one. A GPU allocates the
-    # buckets in full; on CPU only the pages the gradients passing through them fill are touched (docs/zero_memory.md).
-    count = 2 if zero.get("overlap_comm") and stage in (1, 2) else 1
-    elements = count * int(zero.get("reduce_bucket_size", _DS_REDUCE_BUCKET))
-    buckets = MemoryItem("buckets", DTYPE_BYTES[dtype] * (min(elements, trainable) if platform == "cpu" else elements))
+    buckets = reduce_buckets(zero, stage, trainable, dtype, platform)
     fused = role.model_args.attn_implementation != "eager"
     # A budget groups at most an optimizer step's rows.
     step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -188,7 +196,7 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
     return tuple(resident), phases, notes
 
 
-def _infer_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths) -> _Built:
+def _infer_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths) -> RankBreakdown:
     params, _ = _model_params(role, shape, kind)
     dtype = role.model_args.dtype
     forward = list(_forward_phase(role, shape, kind, lengths))
@@ -206,7 +214,7 @@ def _infer_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
 
 def _engine_rank(
     role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Lengths, platform: str, budget: int | None
-) -> _Built:
+) -> RankBreakdown:
     """Weights and KV cache of a vLLM/SGLang engine: the space it is configured to claim, beside what is needed."""
     config = {**ENGINE_DEFAULTS, **(role.strategy_args.strategy_config or {})}
     dtype, args = role.model_args.dtype, role.generating_args

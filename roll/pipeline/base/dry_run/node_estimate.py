@@ -225,6 +225,7 @@ def estimate_nodes(
                 kind=MODEL_KINDS.get(name, "causal_lm"),
                 platform="cpu",
                 host_memory=host,
+                breakdown=config.rank_breakdown(name, role, "cpu"),
             )
         mapped = _mapped_weights(name, role, rank_estimate)
         owner = owners.get(name, name)

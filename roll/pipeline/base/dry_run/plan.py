@@ -94,4 +94,5 @@ def _estimate(config: PipelineConfig, plan: PlacementPlan, name: str, role: Work
         kind=MODEL_KINDS.get(name, "causal_lm"),
         platform=config.platform,
         ranks_on_node=ranks_on_node,
+        breakdown=config.rank_breakdown(name, role, config.platform),
     )

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from roll.configs.worker_config import WorkerConfig
-from roll.pipeline.base.dry_run.backend_ranks import _engine_rank, _infer_rank, _Lengths, _train_rank
+from roll.pipeline.base.dry_run.backend_ranks import RankBreakdown, _engine_rank, _infer_rank, _Lengths, _train_rank
 from roll.pipeline.base.dry_run.model_shape import ModelShape, model_shape
 from roll.pipeline.base.dry_run.model_states import GiB, MemoryItem, Place
 
@@ -111,6 +111,7 @@ def estimate_rank(
     device_memory: int | None = None,
     host_memory: int | None = None,
     ranks_on_node: int = 1,
+    breakdown: RankBreakdown | None = None,
 ) -> RankEstimate | None:
     """Estimate the memory of one rank of `role` (resolved: name and world size set); None without a strategy.
 
@@ -120,13 +121,15 @@ def estimate_rank(
     is what the worker loads (`causal_lm`, `value`, `reward`). The budget is `device_memory` bytes per
     device on an accelerator `platform` (unknown if None), or on "cpu" the host's memory (`host_memory`,
     default this machine's) divided by the `ranks_on_node` that share it.
+    `breakdown` (what the pipeline's config computes for a model the decoder arithmetic cannot count, as a
+    diffusion model) replaces the strategy's own resident items, phases and notes.
     """
     if role.strategy_args is None:
         return None
     strategy = role.strategy_args.strategy_name
     if strategy not in STRATEGY_KINDS:
         raise ValueError(f"no memory estimate for strategy {strategy!r}; known: {', '.join(STRATEGY_KINDS)}")
-    shape = shape or model_shape(role.model_args.model_name_or_path)
+    shape = shape or (None if breakdown else model_shape(role.model_args.model_name_or_path))
     on_cpu = platform == "cpu"
     places: tuple[Place, ...] = ("device", "host") if on_cpu else ("device",)
     devices = role.num_devices_per_worker
@@ -138,7 +141,9 @@ def estimate_rank(
     else:
         budget, source = device_memory * devices, f"{devices} x {device_memory / GiB:.1f} GiB device memory"
     lengths = _Lengths(prompt_length, response_length, prompts)
-    if STRATEGY_KINDS[strategy] == "train":
+    if breakdown is not None:
+        resident, phases, notes = breakdown
+    elif STRATEGY_KINDS[strategy] == "train":
         resident, phases, notes = _train_rank(role, shape, kind, lengths, platform)
     elif STRATEGY_KINDS[strategy] == "infer":
         resident, phases, notes = _infer_rank(role, shape, kind, lengths)

@@ -1,0 +1,101 @@
+"""The dry run's estimate of a Reward FL actor: the fake-tensor census against the real forward's saved tensors,
+each part's weights and the ZeRO states of the trained ones, and the printed plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from roll.configs.worker_config import ModelArguments
+from roll.models.diffusion.parts import encode_prompts, load_diffusion_parts
+from roll.pipeline.base.dry_run.plan import dry_run_report
+from roll.pipeline.diffusion.memory_estimate import census_actor
+from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
+from roll.pipeline.diffusion.reward_fl_model import RewardFLModel
+from roll.rewards.image_rewards import build_image_reward
+from tests.unit.test_hydra_configs import load_config
+
+TINY = "tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16"
+
+
+def tiny_config(tmp_path: Path, *overrides: str) -> RewardFLConfig:
+    return load_config(
+        "reward_fl_shapes",
+        [
+            "platform=cpu",
+            f"output_dir={tmp_path}",
+            "warm_start.base_model=''",
+            "warm_start.output_dir=''",
+            f"pretrain='{TINY}'",
+            "batch_size=4",
+            "actor.training_args.per_device_train_batch_size=4",
+            "data.held_out_prompts=2",
+            "sampling.num_inference_steps=3",
+            *overrides,
+        ],
+    )
+
+
+def real_saved_bytes(config: RewardFLConfig) -> int:
+    """Distinct storages autograd saves in the real actor's forward, parameters left out."""
+    parts = load_diffusion_parts(TINY)
+    model = RewardFLModel(parts, build_image_reward("redness"), config.trainable_models, ModelArguments(), True)
+    model.sampling = config.sampling
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(**encode_prompts(parts.tokenizer, ["a red circle"] * 4))
+    return sum(saved.values())
+
+
+def test_the_census_counts_what_the_real_forward_saves(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path, "trainable_models=[unet,text_encoder]")  # guidance 3, the last 2 steps
+    census = census_actor(config)
+    assert census.activations == pytest.approx(real_saved_bytes(config), abs=64)  # a few int64 indices may differ
+    real = load_diffusion_parts(TINY)
+    unet, text = (sum(p.numel() for p in m.parameters()) for m in (real.unet, real.text_encoder))
+    assert census.params == {"unet": unet, "text_encoder": text, "reference_unet": unet, "reference_text_encoder": text}
+    assert census.trainable == unet + text
+
+
+def test_checkpointing_keeps_less_and_lora_keeps_no_reference_copy(tmp_path: Path) -> None:
+    plain = census_actor(tiny_config(tmp_path, "sampling.grad_steps=3"))
+    checkpointed = census_actor(
+        tiny_config(tmp_path, "sampling.grad_steps=3", "actor.training_args.gradient_checkpointing=true")
+    )
+    assert 0 < checkpointed.activations < plain.activations
+    lora = census_actor(
+        tiny_config(tmp_path, "actor.model_args.lora_rank=4", "actor.model_args.lora_target_modules=[to_q,to_v]")
+    )
+    assert "reference_unet" not in lora.params and 0 < lora.trainable < lora.params["unet"] // 10
+    adapted = RewardFLModel(
+        load_diffusion_parts(TINY),
+        build_image_reward("redness"),
+        ["unet"],
+        ModelArguments(lora_rank=4, lora_target_modules=["to_q", "to_v"]),
+        True,
+    )
+    assert lora.params["unet lora"] == lora.trainable == sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+
+
+def test_zero2_states_follow_the_trained_parts_and_the_dry_run_prints_them(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path)
+    resident, phases, _ = config.rank_breakdown("actor", config.actor, "cpu")
+    items = {item.name: item.nbytes for item in resident}
+    unet = sum(p.numel() for p in load_diffusion_parts(TINY).unet.parameters())
+    assert items["unet params"] == items["reference_unet params"] == 4 * unet
+    # ZeRO-2 on one rank, fp32: gradients, a cloned fp32 partition and Adam's two moments of the UNet alone.
+    assert (items["grads"], items["fp32 master"], items["Adam m+v"]) == (4 * unet, 4 * unet, 8 * unet)
+    assert [item.name for item in phases["train micro-batch"]] == ["activations", "buckets"]
+    report = "\n".join(dry_run_report(config))  # the census above is reused
+    assert "actor (deepspeed_train, 1 rank)" in report and "no memory estimate" not in report
+    assert "unet params" in report and "actor/0: runtime" in report
