@@ -61,9 +61,9 @@ class DataArguments(SourceArguments):
 
     # The built-in task when both files are empty: `a op b=` answered directly, or `a op b+c=` worked in two
     # steps, one a line (`a op b=s`, `s+c=t`: the steps a process reward model of rm_prm_arithmetic.yaml scores).
-    # `visual_count` (a vision-language model's built-in task): count the squares in a picture
-    # (`roll.datasets.visual_shapes`).
-    task: Literal["arithmetic", "two_step_arithmetic", "visual_count"] = "arithmetic"
+    # A vision-language model's built-in tasks (`roll.datasets.visual_shapes`): `visual_count` counts the squares in
+    # a picture, `visual_colour` names the colour of the framed one of two squares.
+    task: Literal["arithmetic", "two_step_arithmetic", "visual_count", "visual_colour"] = "arithmetic"
     # Optional for conversations ending with an assistant turn (that turn is then the answer).
     answer_key: str = field(default="answer", metadata=_COLUMN)
     domain_key: str = field(default=DEFAULT_DOMAIN_KEY, metadata=_COLUMN)

@@ -115,7 +115,14 @@ def process_image_row(
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}, *messages]
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    encoded = processor(text=[text], images=list(images) or None, return_tensors="np")
+    return encode_text_and_images(text, images, processor)
+
+
+def encode_text_and_images(text: str, images: Sequence[Image.Image], processor: ProcessorMixin) -> dict[str, Any]:
+    """`text` with Qwen's image spans, as `process_image_row` returns it: ids with each image's tokens, pixels and
+    grids."""
+    # No special tokens added: the text is a whole rendered prompt, or a turn appended mid-episode.
+    encoded = processor(text=[text], images=list(images) or None, return_tensors="np", add_special_tokens=False)
     dim = _patch_dim(processor)
     return {
         "prompt": text,

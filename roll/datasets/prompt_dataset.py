@@ -23,7 +23,7 @@ from roll.datasets.arithmetic import Problem, arithmetic_problems, two_step_prob
 from roll.datasets.chat_format import format_prompt, use_chat_template
 from roll.datasets.image_prompts import encode_image_rows
 from roll.datasets.sources import Source, quiet_progress, read_table, to_conversations
-from roll.datasets.visual_shapes import ShapeProblem, shape_problems
+from roll.datasets.visual_shapes import ShapeProblem, colour_problems, shape_problems
 from roll.distributed.scheduler.protocol import DataProto
 from roll.models.vision_inputs import image_columns
 
@@ -57,14 +57,14 @@ def load_splits(
     Rows too long for `data.max_prompt_length` (or, when given, `max_response_length`) are dropped
     or refused as `data.too_long` says; rows with an empty answer are dropped (`usable_rows`). With the
     `processor` of a vision-language model, rows carry images (`roll.datasets.image_prompts`): the data files'
-    image rows, or the built-in `visual_count` task.
+    image rows, or the built-in `visual_count` and `visual_colour` tasks.
     """
     if processor is not None:
         with quiet_progress():
             return image_splits(data, processor, max_response_length)
-    if data.task == "visual_count":
+    if data.task in VISUAL_TASKS:
         raise ConfigError(
-            "data.task=visual_count shows the model pictures: the model must be a vision-language one "
+            f"data.task={data.task} shows the model pictures: the model must be a vision-language one "
             f"(e.g. tiny://qwen2_5_vl), not {tokenizer.name_or_path}"
         )
     with quiet_progress():
@@ -105,14 +105,15 @@ def image_splits(
     data: DataArguments, processor: ProcessorMixin, max_response_length: int | None
 ) -> tuple[list[Example], list[Example]]:
     """`load_splits` for a vision-language model: the data files' rows (their images in `data.images_key` or in
-    the image parts), else the built-in task (`visual_count`: pictures; the arithmetic tasks: text alone)."""
+    the image parts), else the built-in task (`visual_count`, `visual_colour`: pictures; the arithmetic tasks:
+    text alone)."""
     if data.train_file or data.eval_file:
         tables = split_tables(data, lambda table, source: table, task_table(data))
         splits = [([_image_row(row, data, s, i) for i, row in enumerate(t.to_list())], s) for t, s in tables]
-    elif data.task == "visual_count":
-        problems = shape_problems(VISUAL_TRAIN_PROBLEMS, VISUAL_HELD_OUT_PROBLEMS, seed=data.task_seed)
+    elif data.task in VISUAL_TASKS:
+        problems = VISUAL_TASKS[data.task](VISUAL_TRAIN_PROBLEMS, VISUAL_HELD_OUT_PROBLEMS, seed=data.task_seed)
         splits = [
-            ([_shape_row(p) for p in ps], Source(f"the built-in visual_count task ({name})"))
+            ([_shape_row(p) for p in ps], Source(f"the built-in {data.task} task ({name})"))
             for ps, name in zip(problems, ("train", "held out"), strict=True)
         ]
     else:
@@ -138,6 +139,7 @@ def image_splits(
 
 _ROW = "row_index"
 VISUAL_TRAIN_PROBLEMS, VISUAL_HELD_OUT_PROBLEMS = 512, 128
+VISUAL_TASKS = {"visual_count": shape_problems, "visual_colour": colour_problems}
 
 
 def _shape_row(problem: ShapeProblem) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from roll.envs.protocol import (
     ENV_ERROR_MESSAGE,
     Env,
     InvalidEnvOutput,
+    Observation,
     checked_reset,
     checked_step,
 )
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 class EnvResult:
     """One environment's answer to a reset (reward 0, not done unless it failed) or a step."""
 
-    observation: str
+    observation: Observation
     reward: float = 0.0
     terminated: bool = False
     truncated: bool = False

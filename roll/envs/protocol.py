@@ -18,6 +18,8 @@ An environment is any object with these two methods (a `gem.Env` is one):
 - `tool_schemas()` is optional: the OpenAI-style function schemas of the tools the environment answers (a
   `tools.ToolEnv` has it). With `env.apply_chat_template`, the rollout passes them to the chat template's
   `tools`, which lists them in the first observation.
+- An observation may also be a list of content parts, text and images (`Observation`), for a vision-language
+  policy: the rollout renders it as the policy's processor does and keeps the images with the episode.
 
 Environments are used from one thread at a time, but not always the same thread (the manager's
 threads), so they keep their random state in themselves (`random.Random(seed)`), never in the
@@ -33,8 +35,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-ResetResult = tuple[str, dict[str, Any]]
-StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+# Text, or (for a vision-language policy) a list of content parts: `{"type": "text", "text": ...}` and
+# `{"type": "image", "image": <PIL image, path or bytes>}`, as in an OpenAI/HF chat message.
+Observation = str | list[dict[str, Any]]
+ResetResult = tuple[Observation, dict[str, Any]]
+StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
 
 # info keys with a fixed meaning.
 SUCCESS = "success"  # 1.0 or 0.0 on the turn that ends an episode: whether the task was solved
@@ -93,10 +98,30 @@ def _unpack(result: object, size: int, call: str, shape: str) -> tuple[Any, ...]
     return tuple(result)
 
 
-def _observation(observation: object, call: str) -> str:
-    if not isinstance(observation, str):
-        raise InvalidEnvOutput(f"{call} returned the observation {_describe(observation)}, not a str")
-    return observation
+def _observation(observation: object, call: str) -> Observation:
+    if isinstance(observation, str):
+        return observation
+    parts_ok = isinstance(observation, list) and all(
+        isinstance(part, dict)
+        and (
+            (part.get("type") == "text" and isinstance(part.get("text"), str))
+            or (part.get("type") == "image" and part.get("image") is not None)
+        )
+        for part in observation
+    )
+    if not parts_ok:
+        raise InvalidEnvOutput(
+            f"{call} returned the observation {_describe(observation)}, not a str or a list of "
+            '{"type": "text", "text": ...} and {"type": "image", "image": ...} parts'
+        )
+    return list(observation)
+
+
+def observation_text(observation: Observation) -> str:
+    """An observation as text for logs and transcripts: its text parts, each image as `<image>`."""
+    if isinstance(observation, str):
+        return observation
+    return "".join(part["text"] if part["type"] == "text" else "<image>" for part in observation)
 
 
 def _info(info: object, call: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Vision-language models in process: the tiny Qwen2.5-VL, image rows and their limits, and images reaching every
-pass (generation, log-prob passes, training) with the engine's and the trainer's log-probs agreeing."""
+"""Vision-language models in process: the tiny Qwen2.5-VL, image rows and their limits, images reaching every pass
+(generation, log-prob passes, training) with the engine's and the trainer's log-probs agreeing, and episodes whose
+observations show pictures."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from roll.models.model_providers import load_model
 from roll.models.processors import is_vision_language, load_processor
 from roll.models.tiny_vlm import make_tiny_vlm
 from roll.models.vision_inputs import IMAGE_GRID_THW, PIXEL_VALUES
+from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from roll.pipeline.base.dry_run.model_shape import model_shape
 from roll.pipeline.base.rl_workers import split_generation
 from roll.utils.functionals import masked_mean, response_log_probs
@@ -176,3 +179,42 @@ def test_generation_engines_refuse_a_vision_language_model(vlm_dir: Path) -> Non
         role.name = "actor_infer"
         with pytest.raises(ConfigError, match=rf"actor_infer.strategy_args.strategy_name={name}: .* vision-language"):
             strategy_class(name).check_config(role)
+
+
+def test_image_observations_are_appended_without_loss(vlm_dir: Path) -> None:
+    """Episodes of framed_colour played by the tiny VLM (hf_infer): each picture's tokens are in the trajectory
+    with loss mask 0, the row carries every picture's pixels in order, and a forward pass over the episode batch
+    with them gives the log-probs the engine reported for the sampled tokens."""
+    model = load_model(ModelArguments(model_name_or_path=str(vlm_dir), dtype="fp32"))
+    processor = load_processor(str(vlm_dir))
+    strategy = hf_infer(model, vlm_dir)
+    env = EnvArguments(
+        name="framed_colour", max_turns=2, max_trajectory_tokens=96, max_observation_tokens=80, apply_chat_template=True
+    )
+
+    turns = []
+
+    def generate(request: DataProto, args: GeneratingArguments) -> DataProto:
+        turns.append([len(grid) for grid in request.non_tensor_batch[IMAGE_GRID_THW]])  # the pictures so far
+        generation = strategy.generate_with_log_probs(request, args)
+        tensors = split_generation(generation, request.batch["attention_mask"])
+        return DataProto.from_dict(tensors={**tensors, "engine_log_probs": generation.log_probs})
+
+    rollout = MultiTurnRollout(env, processor.tokenizer, 0, with_engine_log_probs=True, processor=processor)
+    args = GeneratingArguments(max_new_tokens=4, seed=0)
+    batch, _ = rollout.run(generate, [0, 1, 2], args, base_seed=0)
+    assert turns[0] == [1, 1, 1] and turns[1] == [2] * len(turns[1])
+    image_token = processor.image_token_id
+    responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+    grids = batch.non_tensor_batch[IMAGE_GRID_THW]
+    second_pictures = 0
+    for row in range(len(batch)):
+        in_response = responses[row] == image_token
+        assert not (mask[row].bool() & in_response).any()  # no loss on an observation's image tokens
+        second_pictures += int(in_response.any())
+        assert len(grids[row]) == 1 + int(in_response.any())  # the prompt's picture, and the second one's
+        assert (batch.batch["prompts"][row] == image_token).sum() == 9
+    assert second_pictures >= 1
+    trainer = forward_in_micro_batches(model, batch, log_probs_forward, 4, "cpu")["log_probs"]
+    sampled = mask.bool()
+    torch.testing.assert_close(batch.batch["engine_log_probs"][sampled], trainer[sampled], atol=1e-4, rtol=1e-4)

@@ -15,6 +15,7 @@ from roll.configs.data_config import DataArguments
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
+from roll.models.processors import processor_for
 from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_tasks import task_maker
 from roll.pipeline.agentic.agentic_config import EnvArguments
@@ -96,7 +97,9 @@ class EnvRollouts:
             return AgentRollout(
                 self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids, self.agent_tasks
             )
-        return MultiTurnRollout(self.env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
+        # A vision-language policy's processor encodes observations that show images (its tokenizer's directory).
+        processor = processor_for(tokenizer.name_or_path)
+        return MultiTurnRollout(self.env, tokenizer, pad_id, with_engine_log_probs, stop_ids, processor)
 
     def train_batch(
         self, cluster: Cluster, seeds: list[int], group_size: int, base_seed: int

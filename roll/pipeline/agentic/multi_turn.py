@@ -14,6 +14,10 @@ reads from a single-turn rollout:
   `truncated`, `reward_failed` (1 for an episode an environment error ended: it is not trained), and
   `engine_log_probs` (0 on environment tokens) when asked for.
 
+An observation may show images (a vision-language policy, its `processor`): its image tokens are appended with
+its other tokens (no loss on them either), and the episode's images, in the order they came, travel with the row
+(`roll.models.vision_inputs`) into every generation and every pass over the batch.
+
 The environments run in the driver (`EnvManager`, threads with a timeout) or, with `env.num_env_workers`, in
 CPU Ray actors (`EnvWorkers`, the env role), which answer the same calls. With `env.sources` each episode plays
 the source its seed draws: every source has its own environments and prompt tools, one generation serves all
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import ProcessorMixin
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
@@ -40,11 +45,13 @@ from roll.envs.protocol import (
     SUCCESS,
     TOOL_CALLS,
     TOOL_SUCCESSES,
+    observation_text,
 )
+from roll.models.vision_inputs import image_columns
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.env_workers import EnvWorkers
 from roll.pipeline.agentic.generation_queue import Generate, left_padded, sampled_rows
-from roll.pipeline.agentic.observations import ObservationEncoder
+from roll.pipeline.agentic.observations import EncodedObservation, ObservationEncoder
 from roll.pipeline.agentic.sources import group_by_source, per_source_metrics
 
 # Turn seeds of one rollout are base_seed * TURN_SEED_STRIDE + turn, so no two turns or steps share one.
@@ -74,6 +81,21 @@ class Episode:
     success: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)
     error: str = ""  # the environment's error that ended the episode (its `env_error_message`)
+    # The images its observations showed, in order: each observation's pixel values and image grid.
+    pixel_values: list[np.ndarray] = field(default_factory=list)
+    image_grids: list[np.ndarray] = field(default_factory=list)
+
+    def add_images(self, encoded: EncodedObservation) -> None:
+        """Keep an observation's images (none for text)."""
+        if encoded.pixel_values is not None and len(encoded.image_grid_thw):
+            self.pixel_values.append(encoded.pixel_values)
+            self.image_grids.append(encoded.image_grid_thw)
+
+    def images(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """All its images' pixel values and grids, concatenated in order; (None, None) without images."""
+        if not self.image_grids:
+            return None, None
+        return np.concatenate(self.pixel_values), np.concatenate(self.image_grids)
 
     def count(self, info: dict[str, Any]) -> None:
         """Add a turn's numeric info to the episode's counts."""
@@ -102,6 +124,7 @@ class MultiTurnRollout:
         pad_id: int,
         with_engine_log_probs: bool = False,
         stop_ids: Sequence[int] = (),
+        processor: ProcessorMixin | None = None,
     ) -> None:
         self.env = env
         self.tokenizer = tokenizer
@@ -113,7 +136,7 @@ class MultiTurnRollout:
         # Each source's tools, listed in the prompt by the chat template (without one, the observations say it).
         self.encoders = {
             name: ObservationEncoder(
-                tokenizer, env.apply_chat_template, block.tool_schemas() if env.apply_chat_template else []
+                tokenizer, env.apply_chat_template, block.tool_schemas() if env.apply_chat_template else [], processor
             )
             for name, block in self.blocks.items()
         }
@@ -159,7 +182,8 @@ class MultiTurnRollout:
         metrics = episode_metrics(episodes)
         if env.sources:
             metrics |= per_source_metrics(episodes, names, episode_metrics)
-        checked = [e for e in episodes if not e.prompt_cut][:DRIFT_CHECKED_EPISODES]
+        # Episodes with images are not re-rendered: their ids come from the processor, not the tokenizer alone.
+        checked = [e for e in episodes if not e.prompt_cut and not e.image_grids][:DRIFT_CHECKED_EPISODES]
         if env.apply_chat_template and checked:
             metrics["rollout/template_drift"] = self._template_drift(checked)
         return self._batch(episodes), metrics
@@ -199,12 +223,19 @@ class MultiTurnRollout:
         return drifted / len(episodes)
 
     def _start(self, episode: Episode, result: EnvResult) -> None:
-        episode.prompt = result.observation
-        ids = self.encoders[episode.source].first(result.observation) if not result.done else []
-        if len(ids) > self.env.max_observation_tokens:
+        episode.prompt = observation_text(result.observation)
+        encoded = self.encoders[episode.source].encode_first(result.observation) if not result.done else None
+        ids = encoded.ids if encoded is not None else []
+        if len(ids) > self.env.max_observation_tokens and encoded.pixel_values is not None:
+            # An image's tokens cannot be cut: the episode ends before its first turn.
+            ids, episode.prompt_cut, encoded = [], True, None
+            episode.end(truncated=True)
+        elif len(ids) > self.env.max_observation_tokens:
             # Cut, and the episode still plays: the loss of a truncated row is only dropped by overlong_filter.
             ids, episode.truncated, episode.prompt_cut = ids[-self.env.max_observation_tokens :], True, True
         episode.prompt_ids = ids or [self.pad_id]
+        if encoded is not None:
+            episode.add_images(encoded)
         episode.count(result.info)
         if result.done:
             episode.end(truncated=True)
@@ -212,7 +243,8 @@ class MultiTurnRollout:
     def _act(self, episodes: list[Episode], generate: Generate, args: GeneratingArguments) -> list[str]:
         """Generate one turn for `episodes`, append the sampled ids to each, return the decoded actions."""
         histories = [episode.prompt_ids + episode.response_ids for episode in episodes]
-        out = generate(left_padded(histories, self.pad_id, self.with_engine_log_probs), args)
+        request = with_episode_images(left_padded(histories, self.pad_id, self.with_engine_log_probs), episodes)
+        out = generate(request, args)
         actions = []
         for episode, (sampled, log_probs) in zip(episodes, sampled_rows(out, self.with_engine_log_probs), strict=True):
             episode.response_ids += sampled
@@ -237,15 +269,17 @@ class MultiTurnRollout:
         last = episode.response_ids[-1] if episode.response_ids else None
         action_end = self.tokenizer.decode([last]) if last in self.stop_ids else ""  # "": cut at max_new_tokens
         role = "tool" if result.info.get(OBSERVATION_ROLE) == "tool" else "user"
-        ids = self.encoders[episode.source].next(result.observation, role, action_end)
+        encoded = self.encoders[episode.source].encode_next(result.observation, role, action_end)
+        ids = encoded.ids
         budget = self.env.max_trajectory_tokens - len(episode.response_ids) - turn_args.max_new_tokens
         if len(ids) > self.env.max_observation_tokens or len(ids) > budget:
             episode.end(truncated=True)  # the observation is cut to nothing: no action would follow it
             return
         episode.response_ids += ids
         episode.loss_mask += [0] * len(ids)
+        episode.add_images(encoded)
         episode.log_probs += [0.0] * len(ids) if self.with_engine_log_probs else []
-        episode.transcript.append(result.observation)
+        episode.transcript.append(observation_text(result.observation))
         episode.roles.append(role)
 
     def _batch(self, episodes: list[Episode]) -> DataProto:
@@ -261,6 +295,15 @@ def _source_slots(names: list[str], num_envs: int) -> list[int]:
         for k, position in enumerate(positions):
             slots[position] = k * num_envs // len(positions)
     return slots
+
+
+def with_episode_images(batch: DataProto, episodes: Sequence[Episode]) -> DataProto:
+    """`batch` (one row per episode) with the episodes' image columns when any has images; else `batch`."""
+    if not any(episode.image_grids for episode in episodes):
+        return batch
+    pixels, grids = zip(*(episode.images() for episode in episodes), strict=True)
+    images = image_columns(list(pixels), list(grids))
+    return DataProto(batch.batch, {**batch.non_tensor_batch, **images}, batch.meta_info)  # lists: one object a row
 
 
 def episodes_batch(episodes: list[Episode], env: EnvArguments, pad_id: int, with_engine_log_probs: bool) -> DataProto:
@@ -309,7 +352,7 @@ def episodes_batch(episodes: list[Episode], env: EnvArguments, pad_id: int, with
         "env_error": [e.error for e in episodes],
         "env_source": [e.source for e in episodes],
     }
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+    return with_episode_images(DataProto.from_dict(tensors=tensors, non_tensors=non_tensors), episodes)
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

@@ -9,31 +9,85 @@ An environment with tools (`tool_schemas()`, as `roll.envs.tools.ToolEnv` has) g
 rendered through the template's `tools` argument, as a Qwen2.5 or Hermes model reads them (a system section
 listing them inside `<tools></tools>` and the `<tool_call>` convention): in the first observation, and in the
 renderings later turns' deltas are taken from.
+
+An observation with images (a list of text and image parts, for a vision-language policy) is rendered the same
+way, each image part as the template's image span, and then encoded by the policy's processor (`encode_first`,
+`encode_next`): its ids hold each image's tokens, and its pixels and image grid come with them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
+import numpy as np
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+from roll.datasets.image_prompts import encode_text_and_images, open_image
+from roll.envs.protocol import Observation
 
 # Placeholder turns whose rendering is subtracted to find what the template adds around a new message.
 _USER, _ASSISTANT = "\x00u\x00", "\x00a\x00"
 
 
+@dataclass
+class EncodedObservation:
+    """An observation's ids, and when it shows images their `pixel_values` `[patches, dim]` and `image_grid_thw`
+    `[images, 3]` (None for text)."""
+
+    ids: list[int]
+    pixel_values: np.ndarray | None = None
+    image_grid_thw: np.ndarray | None = None
+
+
 class ObservationEncoder:
     """Token ids of observations for `tokenizer`, plain text or through its chat template with `tools` (function
-    schemas; none by default)."""
+    schemas; none by default); a vision-language policy's `processor` encodes observations with images."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, chat_template: bool, tools: Sequence[dict[str, Any]] = ()
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_template: bool,
+        tools: Sequence[dict[str, Any]] = (),
+        processor: ProcessorMixin | None = None,
     ) -> None:
         if chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("env.apply_chat_template is true but the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.tools = list(tools)
+        self.processor = processor
+
+    def encode_first(self, observation: Observation) -> EncodedObservation:
+        """`first` for an observation of text or of text and image parts."""
+        if isinstance(observation, str):
+            return EncodedObservation(self.first(observation))
+        content, images = self._image_parts(observation)
+        return self._with_images(self.render([{"role": "user", "content": content}], True), images)
+
+    def encode_next(
+        self, observation: Observation, role: str = "user", action_end: str | None = None
+    ) -> EncodedObservation:
+        """`next` for an observation of text or of text and image parts."""
+        if isinstance(observation, str):
+            return EncodedObservation(self.next(observation, role, action_end))
+        content, images = self._image_parts(observation)
+        return self._with_images(self._next_text([{"role": role, "content": content}], action_end), images)
+
+    def _image_parts(self, observation: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The parts as the chat template renders them (`{"type": "image"}`) and the images they show, opened."""
+        if self.processor is None or not self.chat_template:
+            raise ValueError(
+                "the environment returned an observation with images: the policy must be a vision-language model "
+                "and env.apply_chat_template true (the template places each image's tokens)"
+            )
+        content = [{"type": "image"} if part["type"] == "image" else part for part in observation]
+        return content, [open_image(part["image"]) for part in observation if part["type"] == "image"]
+
+    def _with_images(self, text: str, images: list[Any]) -> EncodedObservation:
+        encoded = encode_text_and_images(text, images, self.processor)
+        return EncodedObservation(encoded["prompt_ids"], encoded["pixel_values"], encoded["image_grid_thw"])
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """`messages` rendered by the chat template as text, with the tools."""
@@ -71,6 +125,10 @@ class ObservationEncoder:
         results and user turn after the assistant's); without a chat template each content and a newline."""
         if not self.chat_template:
             return self.conversation(messages)
+        return self._ids(self._next_text(messages, action_end))
+
+    def _next_text(self, messages: Sequence[dict[str, Any]], action_end: str | None) -> str:
+        """The text the template appends after an action for `messages` (see `next_messages`)."""
         base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
         before = self.render(base)
         after = self.render([*base, *messages], add_generation_prompt=True)
@@ -81,7 +139,7 @@ class ObservationEncoder:
         end = (self.tokenizer.eos_token or "") if action_end is None else action_end
         if end and closing.startswith(end):
             closing = closing[len(end) :]
-        return self._ids(closing + after[len(before) :])
+        return closing + after[len(before) :]
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
