@@ -208,19 +208,21 @@ def test_every_segment_trains_with_its_episodes_advantage(tokenizer: Any) -> Non
     groups = rollout_groups(batch, group_size=2)
     assert groups.tolist() == [0, 0, 0]
     padded, groups = pad_rows(batch, groups, row_multiple=4)
-    assert len(padded) == 4 and padded.batch["response_mask"][3].sum() == 0 and groups.tolist() == [0, 0, 0, 1]
-    out, _ = compute_advantages(
-        padded, groups, AlgorithmArguments(adv_estimator="grpo"), 0.0, padded.batch["reward_failed"].bool()
-    )
+    pad = padded.batch["reward_failed"].bool()
+    assert len(padded) == 4 and int(pad.sum()) == 1 and padded.batch["response_mask"][pad].sum() == 0
+    assert groups[~pad].tolist() == [0, 0, 0] and groups[pad].tolist() == [1]
+    out, _ = compute_advantages(padded, groups, AlgorithmArguments(adv_estimator="grpo"), 0.0, pad)
     # Per episode: scores 1 and 0, mean 0.5, unbiased std sqrt(0.5): +-0.5 / (0.7071 + 1e-6). Per row (1, 1, 0) it
     # would have been +0.577 and -1.155.
     advantage = 0.5 / (0.5**0.5 + 1e-6)
-    for row, episode in enumerate(episode_of):
+    real = torch.nonzero(~pad).flatten().tolist()
+    assert padded.batch["episode_index"][real].tolist() == episode_of  # the rows in their order, padding between
+    for row, episode in zip(real, episode_of, strict=True):
         mask = out.batch["response_mask"][row].bool()
         expected_row = torch.full((int(mask.sum()),), advantage if episode == first else -advantage)
         torch.testing.assert_close(out.batch["advantages"][row][mask], expected_row)
         assert out.batch["advantages"][row][~mask].abs().sum() == 0
-    assert out.batch["advantages"][3].abs().sum() == 0
+    assert out.batch["advantages"][pad].abs().sum() == 0
 
 
 def test_an_async_agent_returns_its_reward(tokenizer: Any) -> None:

@@ -206,13 +206,25 @@ def test_dynamic_sampling_keeps_whole_groups_of_agent_episodes_of_several_rows()
     batch, groups = append_round(first, groups, more, 2, pad_id=0)
     assert batch.batch["episode_index"].tolist() == [0, 0, 1, 2, 3, 4, 5, 5, 6, 7]
     assert groups.tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3] and batch.batch["prompts"].shape[1] == 3
-    # At most 5 rows: the first informative group (3 rows) fits, the second would not; then padded to 4 rows.
+    # At most 5 rows: the first informative group (3 rows) fits, the second would not; then padded to 4 rows, the
+    # padding row (a copy of row 0, an episode and group of its own) between the episodes.
     kept, kept_groups, metrics = keep_informative_groups(batch, groups, 4, max_rows=5)
     assert kept.batch["row"].tolist() == [0, 1, 2] and metrics["rollout/informative_groups"] == 2.0
     padded, padded_groups = pad_rows(kept, kept_groups, 4)
-    assert padded_groups.tolist() == [0, 0, 0, 1] and padded.batch["episode_index"].tolist() == [0, 0, 1, 2]
-    assert padded.batch["response_mask"][3].sum() == 0 and padded.batch["reward_failed"].tolist() == [0, 0, 0, 1]
+    assert padded_groups.tolist() == [0, 0, 1, 0] and padded.batch["episode_index"].tolist() == [0, 0, 2, 1]
+    assert padded.batch["row"].tolist() == [0, 1, 0, 2] and padded.batch["reward_failed"].tolist() == [0, 0, 1, 0]
+    assert padded.batch["response_mask"].sum(-1).tolist() == [2, 2, 0, 2]
     assert pad_rows(padded, padded_groups, 4)[0] is padded
+
+
+def test_padding_rows_spread_over_the_optimizer_steps() -> None:
+    # 9 one-row episodes padded to 16 rows (two optimizer steps of 8): the 7 padding rows go between them, so each
+    # step holds 4 or 5 real rows instead of 8 and 1.
+    batch = _segment_rows(list(range(9)), [1.0] * 9, prompt_width=2)
+    padded, _ = pad_rows(batch, torch.arange(9), 16)
+    real = 1 - padded.batch["reward_failed"]
+    assert len(padded) == 16 and {real[:8].sum().item(), real[8:].sum().item()} == {4.0, 5.0}
+    assert padded.batch["row"][real.bool()].tolist() == list(range(9))  # the real rows keep their order
 
 
 def test_prompts_widen_on_the_left_so_rollouts_concatenate() -> None:

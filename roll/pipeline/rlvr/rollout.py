@@ -231,7 +231,11 @@ def pad_rows(batch: DataProto, group_index: torch.Tensor, row_multiple: int) -> 
     """A batch of agent episodes (`episode_index`, a variable number of rows) padded to a multiple of `row_multiple`
     rows, which every role that takes it needs: copies of its first rows, each an episode and a group of its own,
     with no token in the loss and marked `reward_failed` so that no statistic counts them. Other batches as they
-    are (their row count is a multiple by configuration)."""
+    are (their row count is a multiple by configuration).
+
+    The padding rows are spread evenly between the episodes: each optimizer step normalises its loss over its own
+    rows, so padding gathered at the end would leave the last step a few real rows that weigh as much as a full one.
+    """
     if EPISODE_INDEX not in batch.batch or len(batch) % row_multiple == 0:
         return batch, group_index
     padded, extra = batch.pad_to_divisor(row_multiple)
@@ -241,7 +245,15 @@ def pad_rows(batch: DataProto, group_index: torch.Tensor, row_multiple: int) -> 
     data["reward_failed"][added] = 1.0
     data[EPISODE_INDEX][added] = int(batch.batch[EPISODE_INDEX].max()) + 1 + torch.arange(extra)
     groups = torch.cat([group_index, int(group_index.max()) + 1 + torch.arange(extra, dtype=group_index.dtype)])
-    return padded, groups
+    # Each real row at its episode's first row's place in (0, 1), each padding row at its own: a stable sort by
+    # place interleaves them and keeps an episode's rows together and in order.
+    episodes = EpisodeRows.of(batch.batch[EPISODE_INDEX])
+    first = torch.zeros(len(episodes.last), dtype=torch.long).scatter_reduce(
+        0, episodes.row_episode, torch.arange(len(batch)), "amin", include_self=False
+    )
+    places = torch.cat([first[episodes.row_episode] / len(batch), (torch.arange(extra) + 0.5) / extra])
+    order = torch.argsort(places, stable=True)
+    return padded[order], groups[order]
 
 
 def informative_rows(batch: DataProto, group_index: torch.Tensor, excluded: torch.Tensor | None = None) -> int:
