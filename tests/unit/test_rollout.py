@@ -13,6 +13,7 @@ from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import TrainingArguments, WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.base.rl_workers import ActorWorker
+from roll.pipeline.base.rollout_batches import widen_prompts
 from roll.pipeline.rlvr.rollout import (
     append_round,
     compute_advantages,
@@ -22,7 +23,6 @@ from roll.pipeline.rlvr.rollout import (
     outcome_token_rewards,
     pad_rows,
     rollout_groups,
-    widen_prompts,
 )
 
 

@@ -23,7 +23,7 @@ from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.generation_queue import Generate
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from roll.pipeline.agentic.sources import group_by_source
-from roll.pipeline.rlvr.rollout import widen_prompts
+from roll.pipeline.base.rollout_batches import concat_rollouts
 
 # Overall metrics that are means over episodes, and counts (summed over the parts).
 EPISODE_MEANS = (
@@ -85,8 +85,7 @@ class MixedRollout:
                 parts.append((batch, metrics | _prefixed(metrics, name), positions))
         for batch, _, positions in parts:  # each part's episodes numbered by their place in `seeds`
             batch.batch[EPISODE_INDEX] = torch.tensor(positions)[batch.batch[EPISODE_INDEX]]
-        width = max(batch.batch["prompts"].shape[1] for batch, _, _ in parts)
-        joined = DataProto.concat([widen_prompts(batch, width, self.pad_id) for batch, _, _ in parts])
+        joined = concat_rollouts([batch for batch, _, _ in parts], self.pad_id)
         order = torch.argsort(joined.batch[EPISODE_INDEX], stable=True)
         return joined[order], combined_metrics([(metrics, len(positions)) for _, metrics, positions in parts])
 

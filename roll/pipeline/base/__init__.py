@@ -19,6 +19,7 @@ What it gets for free:
   checkpoint on SIGTERM/SIGINT (docs/fault_tolerance.md);
 - `training_loop`, `preference_config`, `preference_loop`: the loop of steps, held-out evaluation,
   checkpoints, resume and export, and preference-pair data on top of it;
+- `rollout_batches`: rollouts of prompt batches of different widths put together;
 - `evaluation`: greedy held-out accuracy (the run's metrics go to `roll.utils.tracking.MetricsTracker.for_run`);
 - `teacher_checks`: the checks of a teacher role (distillation);
 - `dry_run`: the placement plan, the batch arithmetic and the memory estimate, without Ray.

@@ -15,6 +15,7 @@ from roll.algorithms.kl import apply_kl_penalty
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.base.rollout_batches import concat_rollouts
 from roll.pipeline.rlvr.rlvr_config import TOKEN_LEVEL_ESTIMATORS
 from roll.utils.functionals import masked_mean
 
@@ -222,9 +223,7 @@ def append_round(
         more.batch[EPISODE_INDEX] = more.batch[EPISODE_INDEX] + int(batch.batch[EPISODE_INDEX].max()) + 1
     more_index = rollout_groups(more, group_size)
     more_index = more_index - int(more_index.min()) + int(group_index.max()) + 1
-    width = max(batch.batch["prompts"].shape[1], more.batch["prompts"].shape[1])
-    joined = DataProto.concat([widen_prompts(part, width, pad_id) for part in (batch, more)])
-    return joined, torch.cat([group_index, more_index])
+    return concat_rollouts([batch, more], pad_id), torch.cat([group_index, more_index])
 
 
 def pad_rows(batch: DataProto, group_index: torch.Tensor, row_multiple: int) -> tuple[DataProto, torch.Tensor]:
@@ -274,19 +273,6 @@ def _informative(batch: DataProto, group_index: torch.Tensor, excluded: torch.Te
         )
         scores = torch.where(excluded, highs[inverse], scores)
     return reward_shaping.dynamic_sampling_keep(scores, group_index)
-
-
-def widen_prompts(batch: DataProto, width: int, pad_id: int) -> DataProto:
-    """A rollout's prompt columns left-padded to `width` (`prompts`, and the prompt part of `input_ids` and
-    `attention_mask`), so rollouts generated from different prompt batches concatenate."""
-    data = batch.batch
-    extra = width - data["prompts"].shape[1]
-    if extra <= 0:
-        return batch
-    tensors = dict(data.items())
-    for key, value in (("prompts", pad_id), ("input_ids", pad_id), ("attention_mask", 0)):
-        tensors[key] = torch.nn.functional.pad(data[key], (extra, 0), value=value)
-    return DataProto.from_dict(tensors=tensors, non_tensors=batch.non_tensor_batch, meta_info=batch.meta_info)
 
 
 def add_overlong_penalty(
