@@ -158,7 +158,15 @@ def _image_row(row: dict[str, Any], data: DataArguments, source: Source, index: 
     prompt = row.get(data.prompt_key)
     if prompt is None:
         raise ConfigError(f"{source}: {source.row(index)} has no column {data.prompt_key!r} (data.prompt_key)")
-    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    images = row.get(data.images_key) or []
+    images = images if isinstance(images, list) else [images]  # a column of one image a row
+    if isinstance(prompt, str):
+        # A text prompt with an image column (a geometry dataset's `problem` and `images`): the images first, then
+        # the text without its `<image>` markers.
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt.replace("<image>", "")}]
+        turns = [{"role": "user", "content": content if images else prompt}]
+    else:
+        turns = list(prompt)
     demonstration = turns.pop()["content"] if turns and turns[-1].get("role") == "assistant" else None
     answer = row.get(data.answer_key, demonstration)
     if answer is None:
@@ -169,7 +177,7 @@ def _image_row(row: dict[str, Any], data: DataArguments, source: Source, index: 
         raise ConfigError(f"{source}: {source.row(index)}: the assistant turn must be text")
     return {
         "messages": turns,
-        "images": row.get(data.images_key) or [],
+        "images": images,
         "answer": str(answer),
         "demonstration": str(answer) if demonstration is None else demonstration,
         "domain": str(row.get(data.domain_key) or DEFAULT_DOMAIN),

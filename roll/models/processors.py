@@ -83,6 +83,10 @@ def processor_for(model_path: str) -> ProcessorMixin | None:
 def load_processor(model_path: str) -> ProcessorMixin:
     """The processor saved with `model_path` (its chat template, tokenizer padding on the left, image processor),
     loaded once per process."""
+    if model_path.startswith("tiny://"):
+        from roll.models.tiny_vlm import tiny_vlm_processor
+
+        return tiny_vlm_processor(model_path)  # the processor a tiny VLM is built with, without building the model
     path = Path(resolve_model_path(model_path)).expanduser()
     if importlib.util.find_spec("torchvision") is not None:
         from transformers import AutoProcessor

@@ -93,8 +93,8 @@ def make_tiny_vlm(output_dir: str | Path, spec: TinyVLMSpec | None = None, seed:
     identity = {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed}
     if read_marker(path, SPEC_MARKER) == identity:
         return path
-    tokenizer = _vlm_tokenizer(spec)
-    processor = image_only_processor(tokenizer, max_pixels=spec.max_image_pixels, chat_template=TINY_VLM_CHAT_TEMPLATE)
+    processor = _vlm_processor(spec)
+    tokenizer = processor.tokenizer
     config = Qwen2_5_VLConfig(**_config_kwargs(spec, tokenizer))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -105,6 +105,18 @@ def make_tiny_vlm(output_dir: str | Path, spec: TinyVLMSpec | None = None, seed:
     processor.save_pretrained(path)
     write_marker(path, SPEC_MARKER, identity)
     return path
+
+
+def tiny_vlm_processor(reference: str) -> Any:
+    """The processor `tiny://qwen2_5_vl?<query>` is built with, made in memory (no model is built)."""
+    _, _, query = reference.partition("?")
+    spec, _ = _parse(query, reference)
+    return _vlm_processor(spec)
+
+
+def _vlm_processor(spec: TinyVLMSpec) -> Any:
+    """The image-only Qwen2.5-VL processor of the tiny VLM's tokenizer and image limit."""
+    return image_only_processor(_vlm_tokenizer(spec), spec.max_image_pixels, TINY_VLM_CHAT_TEMPLATE)
 
 
 def _vlm_tokenizer(spec: TinyVLMSpec) -> Any:

@@ -62,13 +62,14 @@ PIPELINE_SCHEMAS = {
     "agentic_unit_conversion": RLVRConfig,
     "agentic_calculator_agent": RLVRConfig,
     "agentic_mixed": RLVRConfig,
+    "sft_vlm_colour": SFTConfig,
+    "rlvr_vlm_colour": RLVRConfig,
+    "rlvr_qwen2.5_vl_3b_gpu": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
     "reward_fl_flow_shapes": RewardFLConfig,
     "reward_fl_flow_video": RewardFLConfig,
-    "reward_fl_wan22_lora_gpu": RewardFLConfig,
-    "reward_fl_sd35_flow_grpo_gpu": RewardFLConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -149,16 +150,6 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
         (tmp_path / "prompts.txt").write_text("".join(f"a photo of a cat, style {i}\n" for i in range(100)))
         model = "pretrain='tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16'"
         return [model, f"data.prompt_file={tmp_path / 'prompts.txt'}"]
-    if name in ("reward_fl_wan22_lora_gpu", "reward_fl_sd35_flow_grpo_gpu"):  # hub models, a prompt file, a face
-        (tmp_path / "prompts.txt").write_text("".join(f"a portrait, style {i}\n" for i in range(100)))
-        inputs = [f"data.prompt_file={tmp_path / 'prompts.txt'}"]
-        if name == "reward_fl_sd35_flow_grpo_gpu":
-            return [*inputs, "pretrain='tiny-diffusion://sd3'"]
-        from PIL import Image
-
-        Image.new("RGB", (8, 8), (200, 150, 120)).save(tmp_path / "face.png")
-        face = [f"reward.kwargs.reference_image={tmp_path / 'face.png'}", "reward.kwargs.encoder=owner/face-encoder"]
-        return [*inputs, *face, "pretrain='tiny-diffusion://wan'"]
     if name == "rlvr_prm_arithmetic":  # its reward is rm_prm_arithmetic.yaml's export: a one-label token classifier
         prm = tmp_path / "prm"
         load_tokenizer("tiny://qwen2").save_pretrained(prm)
@@ -170,6 +161,9 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     if name == "agentic_calculator_agent":  # its command puts examples/agents on the PYTHONPATH, and a warm start
         agent = "env.agent=examples.agents.calculator_agent.calculator_agent"
         return ["devices_per_node=2", "pretrain=tiny://qwen2", agent]
+    if name.startswith("rlvr") and "_vl" in name:  # a vision-language policy; the GPU one's data is a hub dataset
+        hub = ["data.train_file=", "data.eval_file="] if "gpu" in name else ["devices_per_node=2"]
+        return ["pretrain='tiny://qwen2_5_vl?max_position_embeddings=2048'", *hub]
     if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
         rows = "".join(json.dumps(row) + "\n" for row in AGENTIC_TRANSCRIPTS[name]())
         (tmp_path / "train.jsonl").write_text(rows)
