@@ -70,6 +70,8 @@ PIPELINE_SCHEMAS = {
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
     "reward_fl_flow_shapes": RewardFLConfig,
     "reward_fl_flow_video": RewardFLConfig,
+    "reward_fl_wan22_lora_gpu": RewardFLConfig,
+    "reward_fl_sd35_flow_grpo_gpu": RewardFLConfig,
 }
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
@@ -150,6 +152,16 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
         (tmp_path / "prompts.txt").write_text("".join(f"a photo of a cat, style {i}\n" for i in range(100)))
         model = "pretrain='tiny-diffusion://unet?image_size=8&base_channels=8&text_hidden_size=16'"
         return [model, f"data.prompt_file={tmp_path / 'prompts.txt'}"]
+    if name in ("reward_fl_wan22_lora_gpu", "reward_fl_sd35_flow_grpo_gpu"):  # hub models, a prompt file, a face
+        (tmp_path / "prompts.txt").write_text("".join(f"a portrait, style {i}\n" for i in range(100)))
+        inputs = [f"data.prompt_file={tmp_path / 'prompts.txt'}"]
+        if name == "reward_fl_sd35_flow_grpo_gpu":
+            return [*inputs, "pretrain='tiny-diffusion://sd3'"]
+        from PIL import Image
+
+        Image.new("RGB", (8, 8), (200, 150, 120)).save(tmp_path / "face.png")
+        face = [f"reward.kwargs.reference_image={tmp_path / 'face.png'}", "reward.kwargs.encoder=owner/face-encoder"]
+        return [*inputs, *face, "pretrain='tiny-diffusion://wan'"]
     if name == "rlvr_prm_arithmetic":  # its reward is rm_prm_arithmetic.yaml's export: a one-label token classifier
         prm = tmp_path / "prm"
         load_tokenizer("tiny://qwen2").save_pretrained(prm)
