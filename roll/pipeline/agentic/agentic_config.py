@@ -118,7 +118,9 @@ class EnvArguments:
             f"{max_new_tokens} tokens, an observation <= {self.max_observation_tokens}; "
             f"<= {self.max_trajectory_tokens} response tokens per episode",
             f"env {label}: environments {where}, {self.max_concurrency} calls at once, "
-            f"{self.timeout_s:g} s per call; {self.eval_episodes} held-out seeds from {self.eval_seed_offset}",
+            f"{self.timeout_s:g} s per call; {self.eval_episodes} held-out seeds from {self.eval_seed_offset}"
+            if self.agent_task == "env"
+            else f"env {label}: {self.eval_episodes} held-out rows (data.eval_file, or the built-in task's)",
             *self._describe_sources(episodes),
             *(line for block in self.source_envs().values() for line in block._describe_tools()),
             *(
