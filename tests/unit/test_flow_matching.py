@@ -120,7 +120,10 @@ def test_sde_step_and_its_log_probability_on_two_steps_by_hand() -> None:
         ).mean(),
     ]
     assert trajectory.log_probs[0].tolist() == pytest.approx([t.item() for t in by_hand], rel=1e-5)
-    assert trajectory.timesteps.tolist() == [1.0, 0.5]
+    assert trajectory.timesteps.tolist() == [1.0, 0.5] and trajectory.step_mask.tolist() == [True, True]
+    # diffusers' two steps end at sigma 0.001 -> 0, whose noise (std ~7e-4) is too small for a stable ratio: masked.
+    last_step_masked = sample_sde_trajectory(linear_velocity(weight, []), FlowMatchEulerDiscreteScheduler(), x, 2, 0.7)
+    assert last_step_masked.step_mask.tolist() == [True, False]
     # The update recomputes them from the recorded samples: ratio 1 before any change.
     recomputed = sde_step_log_probs(
         linear_velocity(weight, []), TwoSteps(), trajectory.latents, trajectory.timesteps, 0.5

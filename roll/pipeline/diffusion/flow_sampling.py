@@ -23,6 +23,10 @@ from torch.utils.checkpoint import checkpoint
 from roll.pipeline.diffusion.policy_gradient import Trajectory, gaussian_log_prob
 from roll.pipeline.diffusion.sampling import GradStepHook, SamplingArguments
 
+# A step's log-probability divides the mean's error by its noise: below this standard deviation (the last step
+# into sigma 0 from sigma ~0.001 has ~1e-3) the rounding differences between two passes of the same model
+# (another attention kernel with autograd) move the ratio by more than PPO's clip. Such steps are masked out.
+MIN_LOG_PROB_STD = 1e-2
 # (noisy sample, timestep in [0, num_train_timesteps]) -> the predicted velocity.
 VelocityPredictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -109,7 +113,8 @@ def sample_sde_trajectory(
     predict: VelocityPredictor, scheduler: object, noise: torch.Tensor, steps: int, noise_level: float
 ) -> Trajectory:
     """Sample from `noise` in `steps` SDE steps (`noise_level` 0: the deterministic Euler sampler), recording every
-    sample and its log-probability; `timesteps` holds each step's sigma."""
+    sample and its log-probability; `timesteps` holds each step's sigma. Steps whose noise is below
+    `MIN_LOG_PROB_STD` are masked out of the update (`step_mask`), as steps without noise are."""
     sigmas = flow_sigmas(scheduler, steps)
     latents, log_probs, stds = [noise], [], []
     for index in range(steps):
@@ -120,7 +125,8 @@ def sample_sde_trajectory(
         latents.append(mean + std * torch.randn_like(mean))
         log_probs.append(gaussian_log_prob(latents[-1], mean, std))
         stds.append(std)
-    return Trajectory(torch.stack(latents, dim=1), torch.stack(log_probs, dim=1), torch.tensor(stds) > 0, sigmas[:-1])
+    steps_with_log_prob = torch.tensor(stds) > MIN_LOG_PROB_STD
+    return Trajectory(torch.stack(latents, dim=1), torch.stack(log_probs, dim=1), steps_with_log_prob, sigmas[:-1])
 
 
 def sde_step_log_probs(
