@@ -368,6 +368,16 @@ def test_an_agent_plays_data_rows_scored_by_the_reward_function(tokenizer: Any) 
     )
     assert rollout.sessions[0].calls[0].prompt_ids == first_call
     assert tasks.task(0).score("no number") == (0.0, 0.0)
+    # Batches whose every episode failed stop the run, naming the agent on the data rows.
+    from roll.pipeline.agentic.env_rollout import ALL_FAILED_BATCHES_LIMIT, EnvRollouts
+
+    rollouts = EnvRollouts(env, tokenizer, 0, GeneratingArguments(max_new_tokens=4), False, data=DataArguments())
+    batch.batch["reward_failed"][:] = 1.0
+    batch.non_tensor_batch["env_error"][:] = "the agent raised ValueError: x"
+    with pytest.raises(RuntimeError, match=r"the agent env.agent=examples.* on the data rows.*ValueError: x"):
+        for _ in range(ALL_FAILED_BATCHES_LIMIT):
+            rollouts._check_not_all_failed(batch)
+    rollouts.close()
 
 
 def test_data_rows_as_an_agents_tasks_are_checked_before_ray(tmp_path: Any) -> None:

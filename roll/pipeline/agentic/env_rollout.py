@@ -124,7 +124,7 @@ class EnvRollouts:
             if in_a_row >= ALL_FAILED_BATCHES_LIMIT:
                 error = next((errors[p] for p in positions if errors[p]), "?")
                 raise RuntimeError(
-                    f"every episode of the last {in_a_row} training batches failed in the environment "
+                    f"every episode of the last {in_a_row} training batches failed in "
                     f"{_environment(self.env, source)}, so the run would train on nothing of it; "
                     f"the first episode's error: {error}"
                 )
@@ -162,8 +162,12 @@ def held_out_metrics(greedy: dict[str, float], sampled: dict[str, float], source
 
 
 def _environment(env: EnvArguments, source: str) -> str:
-    """The environment of `source` as the config names it, for an error."""
+    """The environment (or agent) of `source` as the config names it, for an error."""
     for i, s in enumerate(env.sources):
         if s.name == source:
-            return f"env.sources[{i}] {s.name} ({s.env} with kwargs {s.kwargs})"
-    return f"env.name={env.name} (env.kwargs={env.kwargs})"
+            played = f", played by the agent {s.agent}" if s.agent else ""
+            return f"the environment env.sources[{i}] {s.name} ({s.env} with kwargs {s.kwargs}{played})"
+    if env.agent_task == "data":
+        return f"the agent env.agent={env.agent} on the data rows"
+    played = f", played by the agent env.agent={env.agent}" if env.agent else ""
+    return f"the environment env.name={env.name} (env.kwargs={env.kwargs}{played})"
