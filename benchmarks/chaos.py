@@ -1,6 +1,6 @@
 """Faults at seeded random moments of an RLVR run, against the same run uninterrupted.
 
-    python benchmarks/chaos.py [--steps 8] [--seed 0] [--faults train infer reward driver] [--write-docs] [OVERRIDE ...]
+    python benchmarks/chaos.py [--steps 12] [--seed 0] [--faults train infer reward driver] [--write-docs] [OVERRIDE]
     python benchmarks/chaos.py --nodes 2 --faults node [--write-docs]
 
 The job is the default recipe (rlvr_arithmetic.yaml) cut short as the tests run it: the tiny untrained model, 8
@@ -8,7 +8,8 @@ prompts of 4 samples a step, actor_train on two device slots and actor_infer on 
 kills no other role), a checkpoint every 2 steps, and a reward on the parity of the response's length (a signal
 even untrained samples disagree on, so the weights move). It runs twice as a user starts it, in a process of its
 own: once without faults, once with `fault_tolerance.max_restarts` set to the number of worker faults, while this
-script injects each fault after a seeded step, a seeded fraction of a step later:
+script injects each fault once the run logged a seeded step (and a step past the previous fault's), a seeded
+delay under 0.3 s later:
 
     train   SIGKILL to actor_train rank 1          the run restarts its roles from the last complete checkpoint
     infer   SIGKILL to actor_infer rank 0          idem
@@ -106,6 +107,7 @@ class Fault:
     delay_s: float  # ... this long later
     at_step: int = 0  # the last step logged when it struck
     resumed_from: int = 0  # the checkpoint's step the run went on from
+    injected: bool = False  # False: the run had ended before the fault's moment
     survived: bool = False
     restart_s: float = float("nan")  # fault/recovery_s: death caught -> roles started again
     back_s: float = float("nan")  # the fault -> the first step logged after it
@@ -194,23 +196,28 @@ def start(output: Path, where: Setting, *extra: str) -> subprocess.Popen:
 
 
 def plan(names: list[str], steps: int, seed: int) -> list[Fault]:
-    """Each fault after a distinct seeded step (1 to steps - 2, in order) and a seeded delay under a second."""
+    """Each fault after a distinct seeded step (1 to steps - 3, in order) and a seeded delay under a step's time."""
     rng = random.Random(seed)
-    after = sorted(rng.sample(range(1, steps - 1), len(names)))
+    after = sorted(rng.sample(range(1, steps - 2), len(names)))
     rng.shuffle(names)
-    return [Fault(name, step, round(rng.uniform(0.0, 1.0), 2)) for name, step in zip(names, after, strict=True)]
+    return [Fault(name, step, round(rng.uniform(0.0, 0.3), 2)) for name, step in zip(names, after, strict=True)]
 
 
-def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting) -> subprocess.Popen:
-    """Wait for the fault's moment, strike, and wait until the run logged a step after it; the run's process (a
-    new one after SIGTERM to the driver)."""
+def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, previous: int) -> subprocess.Popen:
+    """Once the run has logged the fault's step (and a step past `previous`, the last step logged at the fault
+    before: a restarted run logs the steps since its checkpoint again), wait its delay, strike, and wait until the
+    run logged a step after it. The run's process (a new one after SIGTERM to the driver)."""
     run_dir = output / "rlvr"
-    wait_until(lambda: any(r["step"] >= fault.after_step for r in rows_of(run_dir)), f"step {fault.after_step}")
+    threshold = max(fault.after_step, previous + 1)
+    wait_until(lambda: any(r["step"] >= threshold for r in rows_of(run_dir)), f"step {threshold}")
     time.sleep(fault.delay_s)
+    if run.poll() is not None:
+        return run  # the run ended before the fault's moment: not injected, not survived
     fault.at_step = rows_of(run_dir)[-1]["step"]
     fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
     restarts = max((r.get("fault/restarts", 0) for r in rows_of(run_dir)), default=0)
     struck = time.monotonic()
+    fault.injected = True
     target = FAULTS[fault.name][1]
     if target is None:
         run.send_signal(signal.SIGTERM)
@@ -256,7 +263,7 @@ def compare(clean: Path, chaos: Path) -> tuple[float, float]:
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's options; unknown arguments are the runs' Hydra overrides."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=["train", "infer", "reward", "driver"])
     parser.add_argument("--nodes", type=int, choices=(1, 2), default=1, help="2: a local cluster (the node fault)")
@@ -266,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args, overrides = build_parser().parse_known_args()
-    if len(args.faults) > args.steps - 2:
-        raise SystemExit(f"--steps {args.steps} leaves room for {args.steps - 2} faults, not {len(args.faults)}")
+    if len(args.faults) > args.steps - 3:
+        raise SystemExit(f"--steps {args.steps} leaves room for {args.steps - 3} faults, not {len(args.faults)}")
     if NODE in args.faults and args.nodes != 2:
         raise SystemExit("the node fault needs --nodes 2")
     workers = sum(FAULTS[name][1] is not None for name in args.faults)
@@ -281,8 +288,10 @@ def main() -> None:
         clean_s = time.monotonic() - started
         started = time.monotonic()
         run = start(chaos, where, f"fault_tolerance.max_restarts={workers}")
+        previous = 0
         for fault in faults:
-            run = inject(fault, run, chaos, where)
+            run = inject(fault, run, chaos, where, previous)
+            previous = fault.at_step
             print(fault, flush=True)
         code = run.wait(timeout=TIMEOUT_S)
         chaos_s = time.monotonic() - started
@@ -299,7 +308,8 @@ def main() -> None:
         lost = fault.at_step - fault.resumed_from
         lines.append(
             f"| {FAULTS[fault.name][0]} | {fault.after_step}, +{fault.delay_s:.2f} | {fault.at_step} | "
-            f"{'yes' if fault.survived else 'no'} | {lost} | {fault.restart_s:.1f} | {fault.back_s:.1f} |"
+            f"{('yes' if fault.survived else 'no') if fault.injected else 'not injected: the run had ended'} | "
+            f"{lost} | {fault.restart_s:.1f} | {fault.back_s:.1f} |"
         )
     text = "\n".join(lines) + (
         f"\n\nThe run with faults reached step {final} of {args.steps} and exited 0 in {chaos_s:.0f} s (uninterrupted:"
