@@ -109,7 +109,7 @@ class Fault:
     resumed_from: int = 0  # the checkpoint's step the run went on from
     injected: bool = False  # False: the run had ended before the fault's moment
     survived: bool = False
-    restart_s: float = float("nan")  # fault/recovery_s: death caught -> roles started again
+    restart_s: float = float("nan")  # fault/recovery_s: every role stopped -> roles started again
     back_s: float = float("nan")  # the fault -> the first step logged after it
 
 

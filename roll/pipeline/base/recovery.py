@@ -30,7 +30,7 @@ class Restarts:
         self.max_restarts = fault_tolerance.max_restarts if fault_tolerance else 0
         self.recovery_timeout_s = fault_tolerance.recovery_timeout_s if fault_tolerance else 0.0
         self.done = 0
-        self.fault_at = 0.0  # when the last death was caught (time.monotonic)
+        self.fault_at = 0.0  # when the last restart began, every role stopped (time.monotonic)
 
     @property
     def left(self) -> bool:
@@ -74,8 +74,8 @@ class Restarts:
         return True
 
     def restarted(self) -> dict[str, float]:
-        """The metrics every step after a restart carries: the restarts so far and the last one's time (from the
-        death caught to the roles started again and restored); logged too."""
+        """The metrics every step after a restart carries: the restarts so far and the last one's time (from every
+        role stopped to the roles started again; the checkpoint loads after it); logged too."""
         recovery_s = time.monotonic() - self.fault_at
         logger.warning("restart %d: roles started again in %.1f s", self.done, recovery_s, extra=MILESTONE)
         return {"fault/restarts": float(self.done), "fault/recovery_s": recovery_s}
