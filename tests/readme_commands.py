@@ -337,6 +337,13 @@ MEASUREMENTS = (
     "python benchmarks/zero_memory.py --stages 3 --persistence-threshold 100000",
 )
 
+VLM_MEASURED = "the measured run of docs/vlm.md: the roll-sft and roll-rlvr commands above it, which the test runs"
+VLM_GPU_DRY_RUN = (
+    "roll-rlvr --config-name rlvr_qwen2.5_vl_3b_gpu dry_run=true data.train_file= data.eval_file= "
+    "'pretrain=\"tiny://qwen2_5_vl?hidden_size=2048&num_layers=36&num_heads=16&num_kv_heads=2&intermediate_size=11008"
+    "&vision_depth=32&vision_hidden_size=1280&vision_heads=16&vision_intermediate_size=3420"
+    "&max_position_embeddings=32768\"'"
+)
 VERDICTS: dict[str, Run | Collected | Skip] = {
     "bash scripts/run.sh": Run(f"bash scripts/run.sh {QUICK_RUN}"),
     "bash scripts/test.sh": Collected("tests/"),
@@ -600,4 +607,13 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     "pip install modelscope": Skip(
         "installs ModelScope's hub client from the network; tests/unit/test_hub_ids.py covers the switch to its hub"
     ),
+    # docs/vlm.md: the VLM warm start runs a step (no integration test runs its YAML), GRPO's dry run reads its
+    # export; the measured runs are the same commands with an output directory.
+    "roll-sft --config-name sft_vlm_colour": Run(
+        "roll-sft --config-name sft_vlm_colour max_steps=1 eval_steps=1", beside=True
+    ),
+    "roll-rlvr --config-name rlvr_vlm_colour": Run("roll-rlvr --config-name rlvr_vlm_colour dry_run=true", beside=True),
+    "python examples/start_sft_pipeline.py --config-name sft_vlm_colour output_dir=/tmp/vlm/out": Skip(VLM_MEASURED),
+    "python examples/start_rlvr_pipeline.py --config-name rlvr_vlm_colour output_dir=/tmp/vlm/out": Skip(VLM_MEASURED),
+    VLM_GPU_DRY_RUN: Run(VLM_GPU_DRY_RUN, beside=True),
 }
