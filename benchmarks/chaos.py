@@ -2,6 +2,7 @@
 
     python benchmarks/chaos.py [--steps 12] [--seed 0] [--faults train infer reward driver] [--write-docs] [OVERRIDE]
     python benchmarks/chaos.py --nodes 2 --faults node [--write-docs]
+    python benchmarks/chaos.py --recipe agentic [--write-docs]
 
 The job is the default recipe (rlvr_arithmetic.yaml) cut short as the tests run it: the tiny untrained model, 8
 prompts of 4 samples a step, actor_train on two device slots and actor_infer on a third of its own (so killing it
@@ -52,17 +53,19 @@ from roll.pipeline.base.checkpoint_state import latest_complete_tag  # noqa: E40
 from roll.pipeline.base.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 
 DOC = REPO_ROOT / "docs" / "fault_tolerance.md"
-BLOCKS = ("chaos", "chaos_nodes")  # one node, and the local cluster of two (--nodes 2)
+BLOCKS = ("chaos", "chaos_nodes", "chaos_agentic")  # one node, the local cluster of two, the agentic recipe
 JOB = (
     "platform=cpu",
-    "pretrain=tiny://qwen2",
-    "rollout_batch_size=8",
-    "eval_batch_size=16",
     "eval_steps=100",
     "save_steps=2",
     "actor_infer.generating_args.num_return_sequences=4",
-    "actor_infer.generating_args.max_new_tokens=4",
     "actor_train.training_args.gradient_accumulation_steps=1",
+)
+RLVR = (
+    "pretrain=tiny://qwen2",
+    "rollout_batch_size=8",
+    "eval_batch_size=16",
+    "actor_infer.generating_args.max_new_tokens=4",
     "rewards.math.reward_fn=tests.reward_functions.parity_reward",
 )
 ONE_NODE = (
@@ -83,17 +86,40 @@ TWO_NODES = (
     "reference.device_mapping=0",
     "actor_infer.device_mapping=1",
 )
+# --recipe agentic: agentic_guess_number.yaml as its integration test runs it (a 64-wide one-layer policy, 4 seeds of
+# 4 episodes a step, one device slot), its environments in an env worker of their own.
+AGENTIC = (
+    "--config-name=agentic_guess_number",
+    "pretrain='tiny://qwen2?hidden_size=64&num_heads=2&num_kv_heads=1&num_layers=1'",
+    "rollout_batch_size=4",
+    "actor_train.training_args.per_device_train_batch_size=16",
+    "devices_per_node=1",
+    "actor_train.device_mapping=0",
+    "actor_infer.device_mapping=0",
+    "env.eval_episodes=8",
+    "env.num_env_workers=1",
+)
+# recipe: (entry point, its overrides, its run directory's name)
+RECIPES = {
+    "rlvr": ("start_rlvr_pipeline.py", RLVR, "rlvr"),
+    "agentic": ("start_agentic_pipeline.py", AGENTIC, "agentic_guess_number"),
+}
 HEAD_IP, NODE_IPS, SPARE_IP, NODE_CPUS = "127.0.0.4", ("127.0.0.2", "127.0.0.3"), "127.0.0.5", 2
 SPARE_AFTER_S = 10.0  # how long the lost node stays lost before another joins in its place
-# The worker each fault kills (its pid file, `<role>-<rank>.pid`), None for SIGTERM to the driver, or NODE.
+# What each fault strikes: the live worker of the last pid file matching a pattern (`<role>-<rank>.pid`, an env
+# worker's `env-<pid>.pid`), SIGTERM to the driver (None), or the second node (NODE). Env workers are replaced in
+# place; the others cost a restart.
 NODE = "node"
 FAULTS = {
-    "train": ("a training worker (actor_train rank 1, SIGKILL)", "actor_train-1"),
+    "train": ("a training worker (actor_train's last rank, SIGKILL)", "actor_train-*"),
     "infer": ("an inference worker (actor_infer rank 0, SIGKILL)", "actor_infer-0"),
     "reward": ("a reward worker (rewards.math rank 0, SIGKILL)", "rewards.math-0"),
+    "env": ("an env worker (SIGKILL), replaced in place", "env-*"),
     "driver": ("the driver (SIGTERM), started again", None),
     "node": ("the second node's raylet (SIGKILL), another node joining 10 s later", NODE),
 }
+DEFAULT_FAULTS = {"rlvr": ["train", "infer", "reward", "driver"], "agentic": ["train", "env", "driver"]}
+RESTARTLESS = ("env", "driver")  # faults the run survives without a restart of its roles
 TIMEOUT_S = 900.0
 COMPARED = ("actor/loss", "actor/grad_norm", "rollout/score_mean")
 
@@ -142,8 +168,14 @@ class Setting:
     """Where the runs go: the job's overrides and, on two nodes, the local cluster the drivers connect to."""
 
     steps: int
+    recipe: str
     overrides: list[str]
     cluster: Any = None  # ray.cluster_utils.Cluster with --nodes 2
+
+    @property
+    def run_name(self) -> str:
+        """The run directory's name under an output directory."""
+        return RECIPES[self.recipe][2]
 
     def spare_node(self) -> None:
         """A node like the lost one joins the cluster."""
@@ -151,10 +183,10 @@ class Setting:
 
 
 @contextmanager
-def setting(nodes: int, steps: int, overrides: list[str]) -> Iterator[Setting]:
-    """The runs' setting: this machine's embedded Ray (one node), or a local cluster of two."""
+def setting(recipe: str, nodes: int, steps: int, overrides: list[str]) -> Iterator[Setting]:
+    """The runs' setting: this machine's embedded Ray (one node), or a local cluster of two (RLVR only)."""
     if nodes == 1:
-        yield Setting(steps, [*ONE_NODE, *overrides])
+        yield Setting(steps, recipe, [*(ONE_NODE if recipe == "rlvr" else ()), *overrides])
         return
     from ray.cluster_utils import Cluster
 
@@ -170,17 +202,19 @@ def setting(nodes: int, steps: int, overrides: list[str]) -> Iterator[Setting]:
         for ip in NODE_IPS:
             cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=ip)
         cluster.wait_for_nodes()
-        yield Setting(steps, [*TWO_NODES, *overrides], cluster)
+        yield Setting(steps, recipe, [*TWO_NODES, *overrides], cluster)
     finally:
         cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def start(output: Path, where: Setting, *extra: str) -> subprocess.Popen:
-    """The RLVR entry point in its own process, writing under `output`, its workers' pids in `output/pids`."""
+    """The recipe's entry point in its own process, writing under `output`, its workers' pids in `output/pids`."""
+    script, recipe_overrides, _ = RECIPES[where.recipe]
     command = [
         sys.executable,
-        str(REPO_ROOT / "examples" / "start_rlvr_pipeline.py"),
+        str(REPO_ROOT / "examples" / script),
+        *recipe_overrides,
         *JOB,
         f"max_steps={where.steps}",
         f"output_dir={output}",
@@ -195,6 +229,18 @@ def start(output: Path, where: Setting, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def live_pid(pid_dir: Path, pattern: str) -> int:
+    """The pid of the last file matching `pattern` in `pid_dir` whose process is alive."""
+    for path in sorted(pid_dir.glob(f"{pattern}.pid"), reverse=True):
+        pid = int(path.read_text())
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return pid
+    raise SystemExit(f"no live process has a pid file {pattern}.pid in {pid_dir}")
+
+
 def plan(names: list[str], steps: int, seed: int) -> list[Fault]:
     """Each fault after a distinct seeded step (1 to steps - 3, in order) and a seeded delay under a step's time."""
     rng = random.Random(seed)
@@ -207,7 +253,7 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
     """Once the run has logged the fault's step (and a step past `previous`, the last step logged at the fault
     before: a restarted run logs the steps since its checkpoint again), wait its delay, strike, and wait until the
     run logged a step after it. The run's process (a new one after SIGTERM to the driver)."""
-    run_dir = output / "rlvr"
+    run_dir = output / where.run_name
     threshold = max(fault.after_step, previous + 1)
     wait_until(lambda: any(r["step"] >= threshold for r in rows_of(run_dir)), f"step {threshold}")
     time.sleep(fault.delay_s)
@@ -233,14 +279,18 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
             time.sleep(SPARE_AFTER_S)
             where.spare_node()
         else:
-            os.kill(int((output / "pids" / f"{target}.pid").read_text()), signal.SIGKILL)
-        logged_after = lambda: any(r.get("fault/restarts", 0) > restarts for r in rows_of(run_dir))  # noqa: E731
+            os.kill(live_pid(output / "pids", target), signal.SIGKILL)
+        if fault.name in RESTARTLESS:
+            fault.resumed_from = fault.at_step  # replaced in place: no step is computed again
+            logged_after = lambda: any(r["step"] > fault.at_step for r in rows_of(run_dir))  # noqa: E731
+        else:
+            logged_after = lambda: any(r.get("fault/restarts", 0) > restarts for r in rows_of(run_dir))  # noqa: E731
     wait_until(lambda: logged_after() or run.poll() not in (None, 0), f"a step after the {fault.name} fault")
     if run.poll() in (None, 0):
         fault.survived = True
         fault.back_s = time.monotonic() - struck
         first = next(r for r in rows_of(run_dir) if r["step"] > fault.resumed_from)
-        fault.restart_s = first.get("fault/recovery_s", float("nan")) if target else float("nan")
+        fault.restart_s = float("nan") if fault.name in RESTARTLESS else first.get("fault/recovery_s", float("nan"))
     return run
 
 
@@ -265,21 +315,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=["train", "infer", "reward", "driver"])
+    parser.add_argument(
+        "--faults",
+        nargs="+",
+        choices=list(FAULTS),
+        help="default: train infer reward driver (agentic: train env driver)",
+    )
     parser.add_argument("--nodes", type=int, choices=(1, 2), default=1, help="2: a local cluster (the node fault)")
+    parser.add_argument("--recipe", choices=list(RECIPES), default="rlvr")
     parser.add_argument(doc_tables.WRITE_DOCS, action="store_true", dest="write_docs")
     return parser
 
 
 def main() -> None:
     args, overrides = build_parser().parse_known_args()
+    args.faults = args.faults or DEFAULT_FAULTS[args.recipe]
     if len(args.faults) > args.steps - 3:
         raise SystemExit(f"--steps {args.steps} leaves room for {args.steps - 3} faults, not {len(args.faults)}")
     if NODE in args.faults and args.nodes != 2:
         raise SystemExit("the node fault needs --nodes 2")
-    workers = sum(FAULTS[name][1] is not None for name in args.faults)
+    if args.recipe == "agentic" and (args.nodes != 1 or {"infer", "reward"} & set(args.faults)):
+        raise SystemExit("--recipe agentic: one node, its roles in one process, no reward worker (train, env, driver)")
+    if args.recipe == "rlvr" and "env" in args.faults:
+        raise SystemExit("the env fault needs --recipe agentic (RLVR on prompts has no env worker)")
+    workers = sum(name not in RESTARTLESS for name in args.faults)
     faults = plan(list(args.faults), args.steps, args.seed)
-    with tempfile.TemporaryDirectory(prefix="roll-chaos-") as tmp, setting(args.nodes, args.steps, overrides) as where:
+    where_runs = setting(args.recipe, args.nodes, args.steps, overrides)
+    with tempfile.TemporaryDirectory(prefix="roll-chaos-") as tmp, where_runs as where:
         clean, chaos = Path(tmp) / "clean", Path(tmp) / "chaos"
         started = time.monotonic()
         run = start(clean, where)
@@ -297,8 +359,8 @@ def main() -> None:
         chaos_s = time.monotonic() - started
         if code != 0:
             raise SystemExit(f"the run with faults ended with status {code}; see {chaos / 'driver.log'}")
-        worst_metric, worst_weight = compare(clean / "rlvr", chaos / "rlvr")
-        final = rows_of(chaos / "rlvr")[-1]["step"]
+        worst_metric, worst_weight = compare(clean / where.run_name, chaos / where.run_name)
+        final = rows_of(chaos / where.run_name)[-1]["step"]
     lines = [
         "| fault | planned: after step, +s | last step logged | survived | steps computed again | roles restarted (s) "
         "| fault to next step (s) |",
@@ -318,7 +380,8 @@ def main() -> None:
     )
     print(text)
     if args.write_docs:
-        doc_tables.write_block(DOC, BLOCKS[args.nodes - 1], doc_tables.command_line(__file__, sys.argv[1:]), text)
+        block = BLOCKS[2] if args.recipe == "agentic" else BLOCKS[args.nodes - 1]
+        doc_tables.write_block(DOC, block, doc_tables.command_line(__file__, sys.argv[1:]), text)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,17 @@ def write_text_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+PID_DIR_ENV = "ROLL_PID_DIR"
+
+
+def write_pid_file(label: str) -> None:
+    """With `ROLL_PID_DIR` set, write this process's pid to `<dir>/<label>.pid`, for tools outside the run that
+    watch or kill it (tests, benchmarks/scale_memory.py, benchmarks/chaos.py)."""
+    pid_dir = os.environ.get(PID_DIR_ENV)
+    if pid_dir:
+        (Path(pid_dir) / f"{label}.pid").write_text(str(os.getpid()))
+
+
 def read_latest_tag(root: Path, latest_name: str = "latest") -> str:
     """The tag that `root/latest` names; FileNotFoundError naming `root` when there is none."""
     latest = root / latest_name

@@ -8,7 +8,6 @@ import socket
 import warnings
 from collections.abc import Mapping
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from roll.configs.worker_config import WorkerConfig
@@ -17,6 +16,7 @@ from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.platforms import current_platform
 from roll.third_party.deepspeed.op_builds import use_environment_builds
 from roll.utils.console import configure_worker_logging
+from roll.utils.fileio import write_pid_file
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -51,9 +51,7 @@ class Worker:
         use_environment_builds()  # this process's environment, on whichever node it runs
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
         self.compute_seconds = 0.0  # time spent inside @register-ed methods
-        pid_dir = os.environ.get("ROLL_PID_DIR")
-        if pid_dir:
-            (Path(pid_dir) / f"{worker_config.name}-{self.rank}.pid").write_text(str(os.getpid()))
+        write_pid_file(f"{worker_config.name}-{self.rank}")
         torch.set_num_threads(int(os.environ.get("ROLL_NUM_THREADS", "1")))
         # DeepSpeed calls collectives torch has renamed, once per bucket: keep worker logs readable.
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from roll.envs.manager import EnvManager, EnvResult, checked_slots, failed_result
 from roll.pipeline.agentic.agentic_config import EnvArguments
+from roll.utils.fileio import write_pid_file
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class EnvActor:
 
     def __init__(self, env: EnvArguments, num_envs: int) -> None:
         self.manager = EnvManager(env.make_env, num_envs, env.max_concurrency, env.timeout_s)
+        write_pid_file(f"env-{os.getpid()}")  # a replaced actor is another process: each has its own file
 
     def ready(self) -> bool:
         """Whether the actor is up: answered once its process has started and built its manager."""
