@@ -285,6 +285,7 @@ MEASUREMENTS = (
     "python benchmarks/generation_throughput.py --prompts 512 --engines hf_infer vllm vllm_compiled",
     "python benchmarks/chaos.py --write-docs",
     "python benchmarks/chaos.py --nodes 2 --faults node --write-docs",
+    "python benchmarks/chaos.py --recipe agentic --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
     "python benchmarks/memory_estimate.py --malloc dynamic",
