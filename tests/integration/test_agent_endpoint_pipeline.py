@@ -1,22 +1,31 @@
 """Agents through the OpenAI-compatible endpoint with real Ray and a real engine (hf_infer, a tiny policy): one
-RLVR step of `tests.agents.scripted_agent` episodes, then one more batch played by the same pipeline's actor_infer
-with every engine call recorded, which the tests below read."""
+RLVR step of `tests.agents.scripted_agent` episodes, then more batches played by the same pipeline's actor_infer
+with every engine call recorded, which the tests below read: the scripted agent's again, the calculator agent on
+arithmetic data rows, and an agent source beside an environment source."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 import torch
 
+from roll.configs.data_config import DataArguments
 from roll.distributed.scheduler.protocol import DataProto
+from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_session import AgentSession
+from roll.pipeline.agentic.agent_tasks import DataRow, DataTasks
+from roll.pipeline.agentic.agentic_config import DEFAULT_ENV
 from roll.pipeline.agentic.env_rollout import cluster_generate
+from roll.pipeline.agentic.mixed_rollout import MixedRollout
+from roll.pipeline.agentic.observations import ObservationEncoder
+from roll.pipeline.agentic.sources import EnvSource
 from roll.pipeline.rlvr import phases
 from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
 from roll.pipeline.rlvr.rollout import compute_advantages, rollout_groups
+from roll.rewards.functions import math_reward
 from tests import agents
 from tests.pipeline_runs import logged_metrics
 from tests.rlvr_runs import small_policy_config
@@ -25,6 +34,17 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 4.0
 GROUP = 4
+CALCULATOR_AGENT = "examples.agents.calculator_agent.calculator_agent"
+
+
+@dataclass
+class DataRun:
+    """Episodes of the calculator agent on arithmetic rows: the batch, its sessions, each episode's row."""
+
+    batch: DataProto
+    sessions: list[AgentSession]
+    rows: list[DataRow]
+    tokenizer: Any
 
 
 @dataclass
@@ -38,6 +58,8 @@ class AgentRun:
     engine_rows: list[tuple[list[int], list[int]]]
     elapsed_s: float
     algorithm: Any
+    data: DataRun
+    mixed: tuple[DataProto, dict[str, float], list[AgentSession]]  # the batch, metrics and the agent's sessions
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +104,35 @@ def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ag
         started = time.monotonic()
         batch, metrics = rollout.run(recording, [0] * GROUP + [1] * GROUP, config.actor_infer.generating_args, 9)
         elapsed = time.monotonic() - started
+        # The same engine and endpoint: the calculator agent on arithmetic rows, then an agent source beside an
+        # environment source.
+        server, args = pipeline.env_rollouts.server, config.actor_infer.generating_args
+        data_env = replace(
+            config.env, name=DEFAULT_ENV, agent=CALCULATOR_AGENT, agent_task="data", max_observation_tokens=24
+        )
+        tasks = DataTasks.load(DataArguments(), data_env)
+        data_rollout = AgentRollout(data_env, pipeline.tokenizer, pipeline.pad_id, server, tasks=tasks.task)
+        data_batch, _ = data_rollout.run(recording, [0, 0, 1, 1], args, 10)
+        sources = [
+            EnvSource(name="calc", env="tests.agents.EchoTask", agent=CALCULATOR_AGENT),
+            EnvSource(name="echo", env="tests.agents.EchoTask"),
+        ]
+        mixed_env = replace(config.env, name=DEFAULT_ENV, agent=None, sources=sources, max_observation_tokens=24)
+        mixed = MixedRollout(mixed_env, pipeline.tokenizer, pipeline.pad_id, server)
+        mixed_batch, mixed_metrics = mixed.run(recording, [s for s in range(4) for _ in range(2)], args, 11)
+        mixed.close()
     finally:
         pipeline.shutdown()
     return AgentRun(
-        logged_metrics(config.run_dir), batch, metrics, rollout.sessions, engine_rows, elapsed, config.algorithm
+        logged_metrics(config.run_dir),
+        batch,
+        metrics,
+        rollout.sessions,
+        engine_rows,
+        elapsed,
+        config.algorithm,
+        DataRun(data_batch, data_rollout.sessions, [tasks.row(seed) for seed in [0, 0, 1, 1]], pipeline.tokenizer),
+        (mixed_batch, mixed_metrics, mixed.agents["calc"].sessions),
     )
 
 
@@ -162,3 +209,47 @@ def test_a_failed_episode_changes_no_other_group_members_advantage(agent_run: Ag
     without, _ = compute_advantages(batch[kept], group_index[kept], agent_run.algorithm, 0.0)
     assert torch.allclose(with_failed.batch["advantages"][kept], without.batch["advantages"])
     assert with_failed.batch["advantages"][failed].abs().sum() == 0
+
+
+def _final_answer(session: AgentSession) -> str:
+    """What the calculator agent returned: its last call's content, "" when that call asked for a tool."""
+    message = session.calls[-1].choices[0].message
+    return "" if message.get("tool_calls") else message.get("content") or ""
+
+
+def test_an_agent_on_data_rows_is_scored_by_the_reward_function(agent_run: AgentRun) -> None:
+    from examples.agents.calculator_agent import SYSTEM
+
+    data = agent_run.data
+    encoder = ObservationEncoder(data.tokenizer, chat_template=False)
+    failed = data.batch.batch["reward_failed"].tolist()
+    scores = data.batch.batch["scores"].tolist()
+    for episode, (session, row) in enumerate(zip(data.sessions, data.rows, strict=True)):
+        # The task is the row's prompt behind the agent's system line; every call's ids are the engine's.
+        first = encoder.conversation([{"role": "system", "content": SYSTEM}, {"role": "user", "content": row.prompt}])
+        assert session.calls[0].prompt_ids == first
+        for call in session.calls:
+            assert (call.prompt_ids, call.choices[0].sample.ids) in agent_run.engine_rows
+        assert scores[episode] == math_reward(row.prompt, _final_answer(session), row.answer)
+    assert failed == [0.0] * len(data.rows)  # one short call each, within every budget
+    assert list(data.batch.non_tensor_batch["prompt"]) == [row.prompt for row in data.rows]
+    assert data.rows[0] == data.rows[1] and data.rows[0] != data.rows[2]  # a group shares its row
+
+
+def test_an_agent_source_and_an_environment_source_in_one_batch(agent_run: AgentRun) -> None:
+    batch, metrics, sessions = agent_run.mixed
+    names = list(batch.non_tensor_batch["env_source"])
+    assert set(names) == {"calc", "echo"} and batch.batch["episode_index"].tolist() == sorted(
+        batch.batch["episode_index"].tolist()
+    )
+    # The agent source's calls and the environment source's turns went to the same engine, the ids as sampled.
+    for session in sessions:
+        for call in session.calls:
+            assert (call.prompt_ids, call.choices[0].sample.ids) in agent_run.engine_rows
+    width = batch.batch["prompts"].shape[1]
+    for row, name in enumerate(names):
+        if name == "echo":
+            prompt = batch.batch["prompts"][row][batch.batch["attention_mask"][row, :width].bool()].tolist()
+            sampled = int(batch.batch["response_mask"][row].sum())
+            assert (prompt, batch.batch["responses"][row, :sampled].tolist()) in agent_run.engine_rows
+    assert metrics["rollout/calc/agent_calls_per_episode"] >= 1 and "rollout/echo/success" in metrics
