@@ -156,6 +156,8 @@ def test_tiny_flow_models_train_their_transformer_only_and_export(
     flow_model.sampling = SamplingArguments(num_inference_steps=3, grad_steps=2, guidance_scale=2.0)
     flow_model.flow = flow
     ids = encode_prompts(parts.pipeline.tokenizer, ["a red circle", "a blue square"])["input_ids"]
+    flow_model.train()  # as the engine sets it: the frozen encoders (T5's dropout) stay in eval mode
+    assert flow_model.transformer.training and not any(m.training for m in flow_model.text_encoders.modules())
     output = flow_model(ids)
     assert output.images.shape == ((2, 3, 8, 8) if family == "image" else (2, 3, 3, 8, 8))  # video: [B, F, 3, H, W]
     (-output.rewards + output.regulariser).mean().backward()

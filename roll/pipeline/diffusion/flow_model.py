@@ -138,6 +138,15 @@ class FlowRewardModel(torch.nn.Module):
         self.checkpointed = False
         self.config = SimpleNamespace(use_cache=False)  # what the training strategy reads on a Hugging Face model
 
+    def train(self, mode: bool = True) -> FlowRewardModel:
+        """Train mode for the transformer only: the frozen parts stay in eval mode, since T5's dropout (0.1 in SD3's
+        and Wan's encoders) would condition a policy update differently from the rollout it recomputes."""
+        super().train(mode)
+        for module in (self.text_encoders, self.vae, self.reward, self.reference_transformer):
+            if module is not None:
+                module.eval()
+        return self
+
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
         """Recompute each kept step's transformer pass in backward (training_args.gradient_checkpointing)."""
         self.checkpointed = True

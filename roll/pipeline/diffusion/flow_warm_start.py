@@ -55,6 +55,18 @@ def to_latents(parts: FlowParts, pixels: torch.Tensor) -> torch.Tensor:
     return (latents - torch.tensor(config.latents_mean).view(view)) / torch.tensor(config.latents_std).view(view)
 
 
+def unclamped_decode(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    """The VAE decoder's output before `decode` clamps it to [-1, 1] (the Wan VAE does): a clamped pixel has no
+    gradient, and pixels pushed below black early in training would never learn to light up."""
+    outputs: list[torch.Tensor] = []
+    handle = vae.decoder.register_forward_hook(lambda module, args, output: outputs.append(output))
+    try:
+        vae.decode(latents)
+    finally:
+        handle.remove()
+    return torch.cat(outputs, dim=2) if latents.dim() == 5 else outputs[0]
+
+
 def train_vae(parts: FlowParts, args: WarmStartArguments, size: int, frames: int, rng: random.Random) -> float:
     """Reconstruction training of the VAE on the shapes; then its latent scale is set so they have unit spread."""
     vae, prompts = parts.vae.train(), all_prompts()
@@ -63,7 +75,7 @@ def train_vae(parts: FlowParts, args: WarmStartArguments, size: int, frames: int
     for _ in show_progress(range(max(1, args.steps // 3)), desc="warm start: VAE"):
         pixels = shape_batch(parts, [rng.choice(prompts) for _ in range(args.batch_size)], size, frames, rng)
         posterior = vae.encode(pixels).latent_dist
-        loss = torch.nn.functional.mse_loss(vae.decode(posterior.sample()).sample, pixels)
+        loss = torch.nn.functional.mse_loss(unclamped_decode(vae, posterior.sample()), pixels)
         loss = loss + KL_WEIGHT * posterior.kl().mean() / pixels[0].numel()
         loss.backward()
         optimizer.step()
