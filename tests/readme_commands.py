@@ -237,6 +237,10 @@ BYO_AGENT = "PYTHONPATH=examples/agents roll-agentic --config-name agentic_calcu
 AGENT_DATA_ROWS = (
     f"{BYO_AGENT} env.agent_task=data '~env.name' '~env.kwargs' pretrain=tiny://qwen2 max_steps=2 eval_steps=2"
 )
+AGENT_SOURCE = (
+    "PYTHONPATH=examples/agents roll-agentic --config-name agentic_mixed "
+    "'+env.sources.0.agent=calculator_agent.calculator_agent' env.max_observation_tokens=24"
+)
 # The one test collection: it lints, collects every test file, lists the tests not marked slow and counts the slow
 # ones it deselects; the other test commands' selections are checked in its output (`Collected`).
 COLLECTION = 'bash scripts/test.sh -m "not slow" --collect-only -q'
@@ -399,6 +403,8 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     BYO_AGENT: Run(f"{BYO_AGENT} dry_run=true", beside=True),
     # tests/unit/test_agent_endpoint.py plays the calculator agent on the arithmetic rows; the dry run reads them.
     AGENT_DATA_ROWS: Run(f"{AGENT_DATA_ROWS} dry_run=true", beside=True),
+    # tests/integration/test_agent_endpoint_pipeline.py plays an agent source beside an environment source.
+    AGENT_SOURCE: Run(f"{AGENT_SOURCE} dry_run=true", beside=True),
     # Several environments in one run: its dry run plans each source; tests/unit/test_env_sources.py plays them.
     "roll-agentic --config-name agentic_mixed": Run(
         "roll-agentic --config-name agentic_mixed dry_run=true", beside=True
