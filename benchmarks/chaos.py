@@ -229,6 +229,14 @@ def start(output: Path, where: Setting, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def checkpointed_step(run_dir: Path) -> int:
+    """The step of the run's last complete checkpoint (0 before the first: a restart starts from the beginning)."""
+    try:
+        return int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
+    except FileNotFoundError:
+        return 0
+
+
 def live_pid(pid_dir: Path, pattern: str) -> int:
     """The pid of the last file matching `pattern` in `pid_dir` whose process is alive."""
     for path in sorted(pid_dir.glob(f"{pattern}.pid"), reverse=True):
@@ -260,7 +268,7 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
     if run.poll() is not None:
         return run  # the run ended before the fault's moment: not injected, not survived
     fault.at_step = rows_of(run_dir)[-1]["step"]
-    fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
+    fault.resumed_from = checkpointed_step(run_dir)
     restarts = max((r.get("fault/restarts", 0) for r in rows_of(run_dir)), default=0)
     struck = time.monotonic()
     fault.injected = True
@@ -269,7 +277,7 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
         run.send_signal(signal.SIGTERM)
         if run.wait(timeout=TIMEOUT_S) != PREEMPTED_EXIT_CODE:
             return run
-        fault.resumed_from = int(latest_complete_tag(run_dir / "checkpoints").removeprefix("step_"))
+        fault.resumed_from = checkpointed_step(run_dir)
         run = start(output, where, "resume_from_checkpoint=auto")
         logged_after = lambda: any(r["step"] > fault.resumed_from for r in rows_of(run_dir))  # noqa: E731
     else:
