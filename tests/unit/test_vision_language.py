@@ -30,6 +30,7 @@ from roll.models.tiny_vlm import make_tiny_vlm
 from roll.models.vision_inputs import IMAGE_GRID_THW, PIXEL_VALUES
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
+from roll.pipeline.base.dry_run.backend_ranks import _model_params
 from roll.pipeline.base.dry_run.model_shape import model_shape
 from roll.pipeline.base.rl_workers import split_generation
 from roll.utils.functionals import masked_mean, response_log_probs
@@ -73,6 +74,11 @@ def test_tiny_vlm_is_a_qwen2_5_vl_with_a_vision_tower(vlm_dir: Path) -> None:
     total, visual = sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.model.visual.parameters())
     assert model_shape("tiny://qwen2_5_vl").param_count() == model_shape(str(vlm_dir)).param_count() == total
     assert model_shape(str(vlm_dir)).vision_params == visual
+    # A frozen tower has no optimizer states: the memory estimate trains the rest only.
+    role = WorkerConfig(model_args=ModelArguments(model_name_or_path=str(vlm_dir)))
+    assert _model_params(role, model_shape(str(vlm_dir)), "causal_lm") == (total, total - visual)
+    role.model_args.freeze_vision_tower = False
+    assert _model_params(role, model_shape(str(vlm_dir)), "causal_lm") == (total, total)
 
 
 def test_visual_task_rows_carry_their_images(splits: tuple[list, list]) -> None:

@@ -62,11 +62,12 @@ RankBreakdown = tuple[tuple[MemoryItem, ...], dict[str, tuple[MemoryItem, ...]],
 
 
 def _model_params(role: WorkerConfig, shape: ModelShape, kind: str) -> tuple[int, int]:
-    """(all parameters, trainable parameters) of the role's model, LoRA adapters included."""
+    """(all parameters, trainable parameters) of the role's model, LoRA adapters included; a frozen vision tower
+    (`model_args.freeze_vision_tower`) has no gradients nor optimizer states."""
     params = shape.param_count(kind)
     args = role.model_args
     if args.lora_rank <= 0:
-        return params, params
+        return params, params - (shape.vision_params if args.freeze_vision_tower else 0)
     trainable = lora_params(shape, args.lora_rank, list(args.lora_target_modules), kind)
     return params + trainable, trainable
 
