@@ -17,7 +17,7 @@ delay under 0.3 s later:
     reward  SIGKILL to the reward worker           idem
     driver  SIGTERM to the driver                  it checkpoints and exits 75; started again, as a requeued job is,
                                                    with resume_from_checkpoint=auto
-    node    SIGKILL to the second node's raylet    (--nodes 2) the run restarts its roles once another node joined
+    node    SIGKILL to 127.0.0.3's raylet          (--nodes 2) the run restarts its roles once another node joined
 
 For each fault: whether the run went on, the steps it had logged that it computed again (the work since the last
 checkpoint), the time Ray and roll took to start the roles again (`fault/recovery_s`), and the time from the fault
@@ -76,8 +76,8 @@ ONE_NODE = (
     "actor_infer.device_mapping=2",
 )
 # --nodes 2: a Ray cluster of this machine's loopback addresses (as tests/integration/test_multinode.py builds it),
-# a head without CPUs where the drivers connect and two nodes; actor_train and the reference on the first,
-# actor_infer on the second, whose raylet the `node` fault kills.
+# a head without CPUs where the drivers connect and two nodes; actor_train and the reference share one device slot,
+# actor_infer has the other (Ray decides which node holds which), and the `node` fault kills 127.0.0.3's raylet.
 TWO_NODES = (
     "actor_train.training_args.per_device_train_batch_size=32",
     "num_nodes=2",
@@ -107,7 +107,7 @@ RECIPES = {
 HEAD_IP, NODE_IPS, SPARE_IP, NODE_CPUS = "127.0.0.4", ("127.0.0.2", "127.0.0.3"), "127.0.0.5", 2
 SPARE_AFTER_S = 10.0  # how long the lost node stays lost before another joins in its place
 # What each fault strikes: the live worker of the last pid file matching a pattern (`<role>-<rank>.pid`, an env
-# worker's `env-<pid>.pid`), SIGTERM to the driver (None), or the second node (NODE). Env workers are replaced in
+# worker's `env-<pid>.pid`), SIGTERM to the driver (None), or a node (NODE). Env workers are replaced in
 # place; the others cost a restart.
 NODE = "node"
 FAULTS = {
@@ -116,7 +116,7 @@ FAULTS = {
     "reward": ("a reward worker (rewards.math rank 0, SIGKILL)", "rewards.math-0"),
     "env": ("an env worker (SIGKILL), replaced in place", "env-*"),
     "driver": ("the driver (SIGTERM), started again", None),
-    "node": ("the second node's raylet (SIGKILL), another node joining 10 s later", NODE),
+    "node": ("a node's raylet (SIGKILL), another node joining 10 s later", NODE),
 }
 DEFAULT_FAULTS = {"rlvr": ["train", "infer", "reward", "driver"], "agentic": ["train", "env", "driver"]}
 RESTARTLESS = ("env", "driver")  # faults the run survives without a restart of its roles
