@@ -292,6 +292,8 @@ MEASUREMENTS = (
     "python benchmarks/chaos.py --recipe agentic --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
+    "python benchmarks/diffusion_memory.py",
+    "python benchmarks/diffusion_memory.py --malloc-threshold",
     "python benchmarks/memory_estimate.py --malloc dynamic",
     *(
         f"THP_MEM_ALLOC_ENABLE={thp} {python} benchmarks/offload_bandwidth.py --params-millions 64 --repeats 7 "
