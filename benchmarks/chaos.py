@@ -268,7 +268,6 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
     if run.poll() is not None:
         return run  # the run ended before the fault's moment: not injected, not survived
     fault.at_step = rows_of(run_dir)[-1]["step"]
-    fault.resumed_from = checkpointed_step(run_dir)
     restarts = max((r.get("fault/restarts", 0) for r in rows_of(run_dir)), default=0)
     struck = time.monotonic()
     fault.injected = True
@@ -297,8 +296,11 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
     if run.poll() in (None, 0):
         fault.survived = True
         fault.back_s = time.monotonic() - struck
-        first = next(r for r in rows_of(run_dir) if r["step"] > fault.resumed_from)
-        fault.restart_s = float("nan") if fault.name in RESTARTLESS else first.get("fault/recovery_s", float("nan"))
+        if fault.name not in RESTARTLESS:
+            # The restarted run's first row follows the checkpoint it resumed from (the save in progress at the fault
+            # may have completed before the death was noticed).
+            first = next(r for r in rows_of(run_dir) if r.get("fault/restarts", 0) > restarts)
+            fault.resumed_from, fault.restart_s = int(first["step"]) - 1, first["fault/recovery_s"]
     return run
 
 
@@ -375,7 +377,7 @@ def main() -> None:
         "|---|---|---:|---|---:|---:|---:|",
     ]
     for fault in faults:
-        lost = fault.at_step - fault.resumed_from
+        lost = max(0, fault.at_step - fault.resumed_from)  # SIGTERM's run checkpoints the step it was in
         lines.append(
             f"| {FAULTS[fault.name][0]} | {fault.after_step}, +{fault.delay_s:.2f} | {fault.at_step} | "
             f"{('yes' if fault.survived else 'no') if fault.injected else 'not injected: the run had ended'} | "
