@@ -65,6 +65,7 @@ PIPELINE_SCHEMAS = {
     "sft_vlm_colour": SFTConfig,
     "rlvr_vlm_colour": RLVRConfig,
     "rlvr_qwen2.5_vl_3b_gpu": RLVRConfig,
+    "agentic_framed_colour": RLVRConfig,
     "sft_frozen_lake": SFTConfig,
     "reward_fl_shapes": RewardFLConfig,
     "reward_fl_sd15_lora_gpu": RewardFLConfig,
@@ -73,6 +74,8 @@ PIPELINE_SCHEMAS = {
     "reward_fl_wan22_lora_gpu": RewardFLConfig,
     "reward_fl_sd35_flow_grpo_gpu": RewardFLConfig,
 }
+# The recipes whose policy is a vision-language model (an SFT export of one, or a hub id).
+VISION_LANGUAGE_RECIPES = ("rlvr_vlm_colour", "agentic_framed_colour", "rlvr_qwen2.5_vl_3b_gpu")
 SCHEMA_NODES = {
     "cluster_check": ClusterCheckConfig,
     "sft": SFTConfig,
@@ -173,7 +176,7 @@ def local_inputs(name: str, tmp_path: Path) -> list[str]:
     if name == "agentic_calculator_agent":  # its command puts examples/agents on the PYTHONPATH, and a warm start
         agent = "env.agent=examples.agents.calculator_agent.calculator_agent"
         return ["devices_per_node=2", "pretrain=tiny://qwen2", agent]
-    if name.startswith("rlvr") and "_vl" in name:  # a vision-language policy; the GPU one's data is a hub dataset
+    if name in VISION_LANGUAGE_RECIPES:  # a vision-language policy; the GPU one's data is a hub dataset
         hub = ["data.train_file=", "data.eval_file="] if "gpu" in name else ["devices_per_node=2"]
         return ["pretrain='tiny://qwen2_5_vl?max_position_embeddings=2048'", *hub]
     if name in AGENTIC_TRANSCRIPTS:  # their transcripts come from scripts/make_agentic_sft_data.py
