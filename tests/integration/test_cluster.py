@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ import torch
 
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.actor_exit import end_actors
-from roll.distributed.executor.cluster import Cluster
+from roll.distributed.executor.cluster import Cluster, ClusterFuture, WorkerDiedError, get_all
 from roll.distributed.scheduler.placement import PlacementError
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -207,3 +208,27 @@ class Sleeper:
 def test_a_registered_method_may_not_shadow_the_cluster(ray_session: None) -> None:
     with pytest.raises(TypeError, match=r"ShadowingWorker\.shutdown is registered but Cluster has its own"):
         start("shadow", None, "tests.cluster_workers.ShadowingWorker", world_size=1)  # type: ignore[arg-type]
+
+
+class Peer:
+    """One side of a collective: it dies, or fails as gloo does once its peer is gone."""
+
+    def die_after(self, seconds: float) -> None:
+        time.sleep(seconds)
+        os._exit(1)
+
+    def lose_peer(self) -> None:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:4736")
+
+
+def test_a_partner_failing_because_a_worker_died_names_the_death(ray_session: None) -> None:
+    """The partner's error arrives first; the call set still ends as the death of the worker behind it (a restart
+    can then follow), not as the partner's error."""
+    sender, receiver = (ray.remote(num_cpus=0)(Peer).remote() for _ in range(2))
+    futures = [
+        ClusterFuture([receiver.die_after.remote(1.0)], lambda results: results, [("receiver rank 0", receiver)]),
+        ClusterFuture([sender.lose_peer.remote()], lambda results: results, [("sender rank 0", sender)]),
+    ]
+    with pytest.raises(WorkerDiedError, match=r"^receiver rank 0 died .*\(and so: "):
+        get_all(*futures, abort_grace_s=30)
+    ray.kill(sender)

@@ -106,14 +106,32 @@ def get_all(*futures: ClusterFuture, abort_grace_s: float | None = None) -> list
             raise
         pending = [ref for future in futures for ref in future.refs]
         ray.wait(pending, num_returns=len(pending), timeout=abort_grace_s)
+        death = exc if isinstance(exc, WorkerDiedError) else _death_among(futures, exc)  # before any kill below
         killed = [name for future in futures for name in future.kill_unfinished()]
         if killed:
-            raise (WorkerDiedError if isinstance(exc, WorkerDiedError) else RuntimeError)(
-                f"{exc}\n{', '.join(killed)} still waited on the failed call after {abort_grace_s:.0f} s and "
+            raise (RuntimeError if death is None else WorkerDiedError)(
+                f"{death or exc}\n{', '.join(killed)} still waited on the failed call after {abort_grace_s:.0f} s and "
                 "were stopped; their roles cannot continue, so the run must end (resume from its last checkpoint)"
             ) from exc
+        if death is not None and death is not exc:
+            raise death from exc
         raise
     return [future.get() for future in futures]
+
+
+def _death_among(futures: tuple[ClusterFuture, ...], failure: Exception) -> WorkerDiedError | None:
+    """A WorkerDiedError naming a worker of `futures` whose process died, if one did: the cause of `failure`, a
+    partner's error in a collective with it (e.g. gloo's "Connection closed by peer"), which came first."""
+    refs = [ref for future in futures for ref in future.refs]
+    finished, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in finished:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return WorkerDiedError(f"{_death_message(exc, list(futures))} (and so: {str(failure).splitlines()[0]})")
+        except Exception:
+            continue
+    return None
 
 
 def resolve_worker_cls(worker_cls: type[Worker] | str) -> type[Worker]:
