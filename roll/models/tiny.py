@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -109,16 +110,24 @@ def make_tiny_model(
     tokenizer.model_max_length = spec.max_position_embeddings
     config_cls, model_cls = _ARCHITECTURES[spec.arch]
     config = config_cls(**_config_kwargs(spec, tokenizer))
+    write_seeded_model(path, lambda: model_cls(config), seed, tokenizer, (SPEC_MARKER, identity))
+    return path
+
+
+def write_seeded_model(
+    path: Path, make_model: Callable[[], PreTrainedModel], seed: int, companion: Any, marker: tuple[str, dict]
+) -> None:
+    """Build `make_model()` in float32 under `seed` and write it to `path` with `companion` (its tokenizer or
+    processor, saved with `save_pretrained`), then the build `marker` (file name, identity) that vouches for it."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config).to(torch.float32)
+        model = make_model().to(torch.float32)
     # Removed before writing so that an interrupted rebuild is never mistaken for the previous build.
-    (path / SPEC_MARKER).unlink(missing_ok=True)
+    (path / marker[0]).unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
     save_on_any_rank(model, path)
-    tokenizer.save_pretrained(path)
-    write_marker(path, SPEC_MARKER, identity)
-    return path
+    companion.save_pretrained(path)
+    write_marker(path, *marker)
 
 
 def save_on_any_rank(model: PreTrainedModel, directory: Path) -> None:

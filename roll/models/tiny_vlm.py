@@ -13,13 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from tokenizers import AddedToken
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from roll.models.build_cache import build_in_cache, read_marker, write_marker
+from roll.models.build_cache import build_in_cache, read_marker
 from roll.models.processors import VISION_TOKENS, image_only_processor
-from roll.models.tiny import build_char_tokenizer, save_on_any_rank
+from roll.models.tiny import build_char_tokenizer, write_seeded_model
 
 VLM_ARCH = "qwen2_5_vl"
 SPEC_MARKER = "roll_tiny_vlm_spec.json"
@@ -96,14 +95,9 @@ def make_tiny_vlm(output_dir: str | Path, spec: TinyVLMSpec | None = None, seed:
     processor = _vlm_processor(spec)
     tokenizer = processor.tokenizer
     config = Qwen2_5_VLConfig(**_config_kwargs(spec, tokenizer))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
-    (path / SPEC_MARKER).unlink(missing_ok=True)
-    path.mkdir(parents=True, exist_ok=True)
-    save_on_any_rank(model, path)
-    processor.save_pretrained(path)
-    write_marker(path, SPEC_MARKER, identity)
+    write_seeded_model(
+        path, lambda: Qwen2_5_VLForConditionalGeneration(config), seed, processor, (SPEC_MARKER, identity)
+    )
     return path
 
 
