@@ -257,6 +257,27 @@ SD15_DRY_RUN = (
     "roll-reward-fl --config-name reward_fl_sd15_lora_gpu \"pretrain='tiny-diffusion://unet'\" "
     "data.prompt_file=/path/to/prompts.txt dry_run=true"
 )
+SD35_FLOW_DRY_RUN = (
+    "roll-reward-fl --config-name reward_fl_sd35_flow_grpo_gpu \"pretrain='tiny-diffusion://sd3'\" "
+    "data.prompt_file=/path/to/prompts.txt dry_run=true"
+)
+WAN22_DRY_RUN = (
+    "roll-reward-fl --config-name reward_fl_wan22_lora_gpu \"pretrain='tiny-diffusion://wan'\" "
+    "data.prompt_file=/path/to/prompts.txt reward.kwargs.encoder=/path/to/encoder "
+    "reward.kwargs.reference_image=/path/to/face.png dry_run=true"
+)
+# The flow demonstrations' commands (docs/diffusion.md); tests/integration/test_flow_reward_fl.py runs both YAMLs.
+FLOW_GRPO = "algorithm=flow_grpo regulariser_weight=0 batch_size=2 actor.training_args.learning_rate=3e-4"
+FLOW_DEMOS = [
+    "roll-reward-fl --config-name reward_fl_flow_shapes",
+    f"roll-reward-fl --config-name reward_fl_flow_shapes exp_name=reward_fl_flow_grpo {FLOW_GRPO}",
+    "roll-reward-fl --config-name reward_fl_flow_shapes exp_name=reward_fl_flow_nft algorithm=diffusion_nft "
+    "batch_size=2 actor.training_args.learning_rate=3e-4",
+    "roll-reward-fl --config-name reward_fl_flow_video",
+    f"roll-reward-fl --config-name reward_fl_flow_video exp_name=reward_fl_flow_video_grpo {FLOW_GRPO}",
+    "roll-reward-fl --config-name reward_fl_flow_video exp_name=reward_fl_flow_video_nft algorithm=diffusion_nft "
+    "regulariser_weight=0.05 batch_size=2 actor.training_args.learning_rate=1e-4",
+]
 SMALL_MODEL_SFT = (
     '"\'actor_train.model_args.model_name_or_path=\\"tiny://qwen2?hidden_size=256&num_layers=4&num_heads=8'
     '&num_kv_heads=2&intermediate_size=768\\"\' data.task_max_operand=49" data.task_max_operand=49'
@@ -550,6 +571,11 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     "ray stop": Skip("stops every Ray of this machine, the test suite's own included"),
     "ray job logs --follow <id>": Skip(CLUSTER),
     "ray job stop <id>": Skip(CLUSTER),
+    **{command: Run(f"{command} dry_run=true", beside=True) for command in FLOW_DEMOS},
+    **{
+        command: Skip("its prompt file, encoder and face are placeholders; tests/unit/test_hydra_configs.py checks it")
+        for command in (SD35_FLOW_DRY_RUN, WAN22_DRY_RUN)
+    },
     SD15_DRY_RUN: Skip(
         "its prompt file is a placeholder for the user's; tests/unit/test_hydra_configs.py checks the YAML"
     ),

@@ -185,7 +185,7 @@ GROUP = ["regulariser_weight=0", "batch_size=2"]
         (["actor.worker_cls=roll.pipeline.diffusion.diffusion_worker.RewardFLWorker"], "cannot hold a flow model"),
         (["algorithm=flow_grpo", "flow.noise_level=0", *GROUP], "flow.noise_level=0 leaves Flow-GRPO"),
         (["algorithm=flow_grpo", "flow.rollout_steps=9", *GROUP], "flow.rollout_steps=9 is more than sampling"),
-        (["algorithm=flow_grpo", "batch_size=2"], "regulariser_weight=1.0 applies to algorithm=reward_fl or diff"),
+        (["algorithm=flow_grpo", "batch_size=2"], "regulariser_weight=0.05 applies to algorithm=reward_fl or diff"),
     ],
 )
 def test_flow_config_errors_name_their_fields(tmp_path: Any, overrides: list[str], message: str) -> None:
