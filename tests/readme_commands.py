@@ -365,7 +365,9 @@ MEASUREMENTS = (
     "python benchmarks/zero_memory.py --stages 3 --persistence-threshold 100000",
 )
 
-VLM_MEASURED = "the measured run of docs/vlm.md: the roll-sft and roll-rlvr commands above it, which the test runs"
+VLM_MEASURED = (
+    "a measured run of docs/vlm.md: the recipe of a command before it, which the test runs, in another directory"
+)
 VLM_GPU_DRY_RUN = (
     "roll-rlvr --config-name rlvr_qwen2.5_vl_3b_gpu dry_run=true data.train_file= data.eval_file= "
     "'pretrain=\"tiny://qwen2_5_vl?hidden_size=2048&num_layers=36&num_heads=16&num_kv_heads=2&intermediate_size=11008"
@@ -651,4 +653,9 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     "python examples/start_sft_pipeline.py --config-name sft_vlm_colour output_dir=/tmp/vlm/out": Skip(VLM_MEASURED),
     "python examples/start_rlvr_pipeline.py --config-name rlvr_vlm_colour output_dir=/tmp/vlm/out": Skip(VLM_MEASURED),
     VLM_GPU_DRY_RUN: Run(VLM_GPU_DRY_RUN, beside=True),
+    "roll-agentic --config-name agentic_framed_colour": Run(
+        "roll-agentic --config-name agentic_framed_colour dry_run=true", beside=True
+    ),
+    "roll-agentic --config-name agentic_framed_colour output_dir=/tmp/vlm/out "
+    "pretrain=/tmp/vlm/out/sft_vlm_colour/model": Skip(VLM_MEASURED),
 }
