@@ -27,7 +27,14 @@ from roll.pipeline.diffusion.flow_sampling import (
     sample_sde_trajectory,
     sde_step_log_probs,
 )
-from roll.pipeline.diffusion.reward_fl_model import RewardFLOutput, RolloutOutput, merge_lora
+from roll.pipeline.diffusion.reward_fl_model import (
+    RewardFLOutput,
+    RolloutOutput,
+    add_lora_adapters,
+    merge_lora,
+    rollout_output,
+    without_adapters,
+)
 from roll.pipeline.diffusion.sampling import SamplingArguments
 from roll.rewards.image_rewards import ImageReward
 
@@ -89,23 +96,6 @@ def encode_flow_prompts(
         embeds, _, pooled, _ = pipeline.encode_prompt(prompts, prompts, prompts, **options)
         return {"encoder_hidden_states": embeds, "pooled_projections": pooled}
     return {"encoder_hidden_states": pipeline.encode_prompt(prompts, **options)[0]}
-
-
-def add_lora_adapters(module: torch.nn.Module, model_args: ModelArguments) -> float:
-    """Add LoRA adapters on `model_args.lora_target_modules` of a diffusers model, train only them; their scaling."""
-    from peft import LoraConfig
-
-    module.add_adapter(
-        LoraConfig(
-            r=model_args.lora_rank,
-            lora_alpha=model_args.lora_alpha,
-            lora_dropout=model_args.lora_dropout,
-            target_modules=list(model_args.lora_target_modules),
-        )
-    )
-    for name, param in module.named_parameters():
-        param.requires_grad_(".lora_" in name)
-    return model_args.lora_alpha / model_args.lora_rank
 
 
 class FlowRewardModel(torch.nn.Module):
@@ -226,31 +216,14 @@ class FlowRewardModel(torch.nn.Module):
             predict, self.parts.scheduler, noise, self.flow.rollout_steps, self.flow.noise_level
         )
         images = self.decode(trajectory.latents[:, -1])
-        rows = len(images)
-        return RolloutOutput(
-            images,
-            self.reward(images, prompts),
-            trajectory.latents,
-            trajectory.log_probs,
-            trajectory.step_mask.expand(rows, -1).to(images.device),
-            trajectory.timesteps.expand(rows, -1).to(images.device),
-        )
+        return rollout_output(images, self.reward(images, prompts), trajectory)
 
     def _reference_predictor(
         self, cond: dict[str, torch.Tensor], uncond: dict[str, torch.Tensor] | None
     ) -> VelocityPredictor:
         if self.reference_transformer is not None:
             return self.velocity_predictor(self.reference_transformer, cond, uncond)
-        predict = self.velocity_predictor(self.transformer, cond, uncond)
-
-        def without_adapters(sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-            self.transformer.disable_adapters()
-            try:
-                return predict(sample, timestep)
-            finally:
-                self.transformer.enable_adapters()
-
-        return without_adapters
+        return without_adapters(self.transformer, self.velocity_predictor(self.transformer, cond, uncond))
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Images `[B, 3, H, W]` or videos `[B, F, 3, H, W]` (the rewards' layout) in [0, 1] from final latents (the

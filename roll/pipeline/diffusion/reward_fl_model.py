@@ -19,7 +19,12 @@ import torch
 
 from roll.configs.worker_config import ModelArguments
 from roll.models.diffusion.parts import DiffusionParts, encode_prompts, save_diffusion_parts
-from roll.pipeline.diffusion.policy_gradient import PolicyGradientArguments, sample_trajectory, step_log_probs
+from roll.pipeline.diffusion.policy_gradient import (
+    PolicyGradientArguments,
+    Trajectory,
+    sample_trajectory,
+    step_log_probs,
+)
 from roll.pipeline.diffusion.sampling import NoisePredictor, SamplingArguments, denoise
 from roll.rewards.image_rewards import ImageReward
 
@@ -104,7 +109,7 @@ class RewardFLModel(torch.nn.Module):
             self.text_encoder.requires_grad_(True)
         if "unet" in trainable:
             if model_args.lora_rank > 0:
-                self._add_lora(model_args)
+                self.lora_scaling = add_lora_adapters(self.unet, model_args)
             else:
                 self.unet.requires_grad_(True)
         self.with_reference = with_reference
@@ -114,21 +119,6 @@ class RewardFLModel(torch.nn.Module):
         self.checkpointed = False
         # What the training strategy reads and writes on a Hugging Face model.
         self.config = SimpleNamespace(use_cache=False)
-
-    def _add_lora(self, model_args: ModelArguments) -> None:
-        from peft import LoraConfig
-
-        self.unet.add_adapter(
-            LoraConfig(
-                r=model_args.lora_rank,
-                lora_alpha=model_args.lora_alpha,
-                lora_dropout=model_args.lora_dropout,
-                target_modules=list(model_args.lora_target_modules),
-            )
-        )
-        for name, param in self.unet.named_parameters():
-            param.requires_grad_(".lora_" in name)
-        self.lora_scaling = model_args.lora_alpha / model_args.lora_rank
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
         """Recompute each gradient step's noise prediction in backward (training_args.gradient_checkpointing)."""
@@ -209,15 +199,7 @@ class RewardFLModel(torch.nn.Module):
         steps = self.sampling.num_inference_steps
         trajectory = sample_trajectory(predict, self.parts.scheduler, noise, steps, self.policy.eta)
         images = self.decode(trajectory.latents[:, -1])
-        rows = len(images)
-        return RolloutOutput(
-            images,
-            self.reward(images, prompts),
-            trajectory.latents,
-            trajectory.log_probs,
-            trajectory.step_mask.expand(rows, -1).to(images.device),
-            trajectory.timesteps.expand(rows, -1).to(images.device),
-        )
+        return rollout_output(images, self.reward(images, prompts), trajectory)
 
     def _reference_predictor(
         self, input_ids: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None
@@ -229,16 +211,7 @@ class RewardFLModel(torch.nn.Module):
                 cond, uncond = self.conditioning(input_ids, self.reference_text_encoder)
         if self.reference_unet is not None:
             return self.noise_predictor(self.reference_unet, cond, uncond)
-        predict = self.noise_predictor(self.unet, cond, uncond)
-
-        def without_adapters(sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-            self.unet.disable_adapters()
-            try:
-                return predict(sample, timestep)
-            finally:
-                self.unet.enable_adapters()
-
-        return without_adapters
+        return without_adapters(self.unet, self.noise_predictor(self.unet, cond, uncond))
 
     def decode(self, sample: torch.Tensor) -> torch.Tensor:
         """Images in [0, 1] from the final sample (pixels in [-1, 1], or VAE latents)."""
@@ -258,6 +231,51 @@ class RewardFLModel(torch.nn.Module):
             by_part[part] = buffers | by_part[part]
         by_part["unet"] = merge_lora(by_part["unet"], self.lora_scaling)
         save_diffusion_parts(self.parts, output_dir, by_part)
+
+
+def add_lora_adapters(module: torch.nn.Module, model_args: ModelArguments) -> float:
+    """Add LoRA adapters on `model_args.lora_target_modules` of a diffusers model (UNet or transformer) and train only
+    them; their scaling (alpha / rank)."""
+    from peft import LoraConfig
+
+    module.add_adapter(
+        LoraConfig(
+            r=model_args.lora_rank,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            target_modules=list(model_args.lora_target_modules),
+        )
+    )
+    for name, param in module.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return model_args.lora_alpha / model_args.lora_rank
+
+
+def without_adapters(module: torch.nn.Module, predict: NoisePredictor) -> NoisePredictor:
+    """`predict` (of noise, or of a flow's velocity) run with `module`'s LoRA adapters disabled: the frozen base
+    model, without a copy of it."""
+
+    def frozen(sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        module.disable_adapters()
+        try:
+            return predict(sample, timestep)
+        finally:
+            module.enable_adapters()
+
+    return frozen
+
+
+def rollout_output(images: torch.Tensor, rewards: torch.Tensor, trajectory: Trajectory) -> RolloutOutput:
+    """A rollout's row-by-row output: the trajectory's per-step mask and timesteps repeated for each row."""
+    rows = len(images)
+    return RolloutOutput(
+        images,
+        rewards,
+        trajectory.latents,
+        trajectory.log_probs,
+        trajectory.step_mask.expand(rows, -1).to(images.device),
+        trajectory.timesteps.expand(rows, -1).to(images.device),
+    )
 
 
 def merge_lora(weights: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
