@@ -33,6 +33,7 @@ from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from roll.pipeline.base.dry_run.backend_ranks import _model_params
 from roll.pipeline.base.dry_run.model_shape import model_shape
 from roll.pipeline.base.rl_workers import split_generation
+from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 from roll.utils.functionals import masked_mean, response_log_probs
 
 MAX_NEW = 4
@@ -224,3 +225,12 @@ def test_image_observations_are_appended_without_loss(vlm_dir: Path) -> None:
     trainer = forward_in_micro_batches(model, batch, log_probs_forward, 4, "cpu")["log_probs"]
     sampled = mask.bool()
     torch.testing.assert_close(batch.batch["engine_log_probs"][sampled], trainer[sampled], atol=1e-4, rtol=1e-4)
+
+
+def test_a_vision_language_critic_is_a_config_error(vlm_dir: Path) -> None:
+    """roll builds no value head on a vision-language model: such a critic is refused naming the field."""
+    config = SimpleNamespace(critic=WorkerConfig(model_args=ModelArguments(model_name_or_path=str(vlm_dir))))
+    with pytest.raises(ConfigError, match=r"critic.model_args.model_name_or_path=.* vision-language model"):
+        RLVRConfig._check_vision_language_critic(config)
+    config.critic = WorkerConfig(model_args=ModelArguments(model_name_or_path="tiny://qwen2"))
+    RLVRConfig._check_vision_language_critic(config)

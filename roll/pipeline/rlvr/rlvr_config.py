@@ -254,6 +254,17 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         roles = super().roles()
         return {k: v for k, v in roles.items() if self.env is None or not k.startswith("rewards.")}
 
+    def _check_vision_language_critic(self) -> None:
+        """A critic over images would need a value head on a vision-language model, which roll does not build."""
+        from roll.models.processors import is_vision_language
+
+        if self.critic is not None and is_vision_language(self.critic.model_args.model_name_or_path):
+            raise ConfigError(
+                f"critic.model_args.model_name_or_path={self.critic.model_args.model_name_or_path!r} is a "
+                "vision-language model, which roll loads as a policy only (no value head); use grpo, rloo or "
+                "reinforce_plus_plus without a critic"
+            )
+
     def validate(self) -> None:
         """Roles, their batch sizes and the algorithm's requirements; raise ConfigError naming the fix."""
         if self.teacher is not None:
@@ -275,6 +286,7 @@ class RLVRConfig(ResumableRun, PipelineConfig):
         algorithm = self.algorithm
         if algorithm.adv_estimator == "gae" and self.critic is None:
             raise ConfigError("algorithm.adv_estimator=gae needs a critic role; configure critic or use grpo")
+        self._check_vision_language_critic()
         if algorithm.adv_estimator in ("grpo", "rloo") and self.actor_infer.generating_args.num_return_sequences < 2:
             raise ConfigError(
                 f"algorithm.adv_estimator={algorithm.adv_estimator} compares samples of one prompt: "
