@@ -23,9 +23,10 @@ from roll.pipeline.diffusion.shapes import all_prompts, draw_batch, draw_clip
 from roll.pipeline.diffusion.warm_start import (
     WARM_START_MARKER,
     WarmStartArguments,
+    record_warm_start,
     run_warm_start,
+    training_step,
     warm_start_done,
-    warm_start_settings,
 )
 from roll.utils.tracking import show_progress
 
@@ -150,21 +151,7 @@ def run_flow_warm_start(args: WarmStartArguments, image_size: int, frames: int) 
             return_dict=False,
         )[0]
         loss = torch.nn.functional.mse_loss(velocity, noise - clean)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-        progress.set_postfix(loss=f"{loss.item():.3f}")
-    (out / WARM_START_MARKER).unlink(missing_ok=True)  # an interrupted run is never mistaken for a finished one
-    save_flow_parts(parts, out)
-    tail = losses[-max(1, len(losses) // 10) :]
-    result = {
-        "warm_start_vae_loss": vae_loss,
-        "warm_start_loss": sum(tail) / len(tail),
-        "warm_start_s": time.perf_counter() - started,
-    }
-    marker = {"settings": warm_start_settings(args), "result": result}
-    (out / WARM_START_MARKER).write_text(json.dumps(marker, indent=2))
-    return result
+        losses.append(training_step(loss, list(transformer.parameters()), optimizer, schedule))
+        progress.set_postfix(loss=f"{losses[-1]:.3f}")
+    save = lambda out: save_flow_parts(parts, out)  # noqa: E731
+    return record_warm_start(args, save, losses, started, warm_start_vae_loss=vae_loss)

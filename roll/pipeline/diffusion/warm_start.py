@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,17 +81,37 @@ def run_warm_start(args: WarmStartArguments) -> dict[str, float]:
         noisy = scheduler.add_noise(images, noise, timesteps)
         predicted = unet(noisy, timesteps, encoder_hidden_states=text_encoder(input_ids=ids).last_hidden_state).sample
         loss = torch.nn.functional.mse_loss(predicted, noise)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-        progress.set_postfix(loss=f"{loss.item():.3f}")
+        losses.append(training_step(loss, params, optimizer, schedule))
+        progress.set_postfix(loss=f"{losses[-1]:.3f}")
+    return record_warm_start(args, lambda out: save_diffusion_parts(parts, out), losses, started)
+
+
+def training_step(
+    loss: torch.Tensor, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, schedule: Any
+) -> float:
+    """One optimizer step of a warm start on `loss` (gradients clipped to norm 1); the loss's value."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def record_warm_start(
+    args: WarmStartArguments,
+    save: Callable[[Path], object],
+    losses: list[float],
+    started: float,
+    **extra: float,
+) -> dict[str, float]:
+    """Write the trained model with `save(output_dir)`, then its marker: the settings, and the result (the mean of
+    the last tenth of `losses`, the seconds since `started`, and `extra`); return the result."""
+    out = Path(args.output_dir)
     (out / WARM_START_MARKER).unlink(missing_ok=True)  # an interrupted run is never mistaken for a finished one
-    save_diffusion_parts(parts, out)
+    save(out)
     tail = losses[-max(1, len(losses) // 10) :]
-    result = {"warm_start_loss": sum(tail) / len(tail), "warm_start_s": time.perf_counter() - started}
+    result = extra | {"warm_start_loss": sum(tail) / len(tail), "warm_start_s": time.perf_counter() - started}
     marker = {"settings": warm_start_settings(args), "result": result}
     (out / WARM_START_MARKER).write_text(json.dumps(marker, indent=2))
     return result
