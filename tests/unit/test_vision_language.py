@@ -24,6 +24,7 @@ from roll.distributed.strategy.hf_compute import forward_in_micro_batches, optim
 from roll.distributed.strategy.hf_strategy import HfInferStrategy
 from roll.distributed.strategy.registry import strategy_class
 from roll.distributed.strategy.response_scores import log_probs_forward
+from roll.models.hf_weights import hf_named_weights
 from roll.models.model_providers import load_model
 from roll.models.processors import is_vision_language, load_processor
 from roll.models.tiny_vlm import make_tiny_vlm
@@ -57,7 +58,7 @@ def hf_infer(model: torch.nn.Module, model_path: Path) -> HfInferStrategy:
     strategy = HfInferStrategy.__new__(HfInferStrategy)
     strategy.model, strategy.device = model.eval(), torch.device("cpu")
     strategy.worker_config = SimpleNamespace(
-        infer_batch_size=2, model_args=SimpleNamespace(model_name_or_path=str(model_path))
+        name="actor_infer", infer_batch_size=2, model_args=SimpleNamespace(model_name_or_path=str(model_path))
     )
     return strategy
 
@@ -234,3 +235,19 @@ def test_a_vision_language_critic_is_a_config_error(vlm_dir: Path) -> None:
         RLVRConfig._check_vision_language_critic(config)
     config.critic = WorkerConfig(model_args=ModelArguments(model_name_or_path="tiny://qwen2"))
     RLVRConfig._check_vision_language_critic(config)
+
+
+def test_the_weight_sync_carries_the_vision_tower(vlm_dir: Path) -> None:
+    """What a trainer streams (`hf_named_weights`) loads into hf_infer by name, the vision tower's weights included."""
+    trainer = load_model(ModelArguments(model_name_or_path=str(vlm_dir), dtype="fp32", freeze_vision_tower=False))
+    with torch.no_grad():
+        for param in trainer.parameters():
+            param.add_(0.01)
+    model = load_model(ModelArguments(model_name_or_path=str(vlm_dir), dtype="fp32"))
+    engine = hf_infer(model, vlm_dir)
+    engine.weight_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    weights = list(hf_named_weights(trainer))
+    assert any(".visual." in name for name, _ in weights)
+    engine.load_weights(weights)
+    for (name, synced), (_, sent) in zip(model.named_parameters(), trainer.named_parameters(), strict=True):
+        assert torch.equal(synced, sent), name
