@@ -5,6 +5,7 @@ observations show pictures."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -251,3 +252,35 @@ def test_the_weight_sync_carries_the_vision_tower(vlm_dir: Path) -> None:
     engine.load_weights(weights)
     for (name, synced), (_, sent) in zip(model.named_parameters(), trainer.named_parameters(), strict=True):
         assert torch.equal(synced, sent), name
+
+
+def test_data_files_with_images_load_as_the_pipelines_read_them(vlm_dir: Path, tmp_path: Path) -> None:
+    """A JSONL of chat messages with image paths, and a `datasets` table whose `images` column is an Image feature
+    (as a hub dataset's) under a text prompt with an `<image>` marker, become examples with pixels."""
+    import datasets
+
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (56, 56), "red").save(picture)
+    content = [{"type": "image", "image": str(picture)}, {"type": "text", "text": "colour?"}]
+    rows = [{"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "red"}]}] * 2
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    processor = load_processor(str(vlm_dir))
+    jsonl = DataArguments(train_file=str(tmp_path / "rows.jsonl"), eval_file=str(tmp_path / "rows.jsonl"))
+    jsonl.prompt_key, jsonl.max_prompt_length = "messages", 64
+    train, _ = load_splits(jsonl, processor.tokenizer, processor=processor)
+    assert train[0].answer == "red" and train[0].image_grid_thw.tolist() == [[1, 4, 4]]
+
+    features = datasets.Features(
+        {"problem": datasets.Value("string"), "images": [datasets.Image()], "answer": datasets.Value("string")}
+    )
+    table = datasets.Dataset.from_dict(
+        {"problem": ["<image>What colour?"] * 2, "images": [[str(picture)]] * 2, "answer": ["red"] * 2},
+        features=features,
+    )
+    table.save_to_disk(tmp_path / "table")
+    hub_like = DataArguments(
+        train_file=str(tmp_path / "table"), eval_file=str(tmp_path / "table"), prompt_key="problem"
+    )
+    hub_like.max_prompt_length = 64
+    train, _ = load_splits(hub_like, processor.tokenizer, processor=processor)
+    assert "<image>" not in train[0].prompt and train[0].pixel_values.shape == (16, 1176)
