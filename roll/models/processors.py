@@ -56,7 +56,7 @@ def image_only_processor(
 def is_vision_language(model_path: str) -> bool:
     """Whether the checkpoint at `model_path` (a local directory or tiny:// reference) is a vision-language model
     roll feeds images to."""
-    from roll.models.tiny_vlm import VLM_ARCH
+    from roll.models.tiny_vlm import VLM_ARCH  # imported here: tiny_vlm builds on this module
 
     if model_path.startswith(f"tiny://{VLM_ARCH}"):
         return True
