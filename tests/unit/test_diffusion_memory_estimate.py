@@ -67,7 +67,8 @@ def test_the_census_counts_what_the_real_forward_saves(tmp_path: Path) -> None:
     assert census.trainable == unet + text
 
 
-def test_checkpointing_keeps_less_and_lora_keeps_no_reference_copy(tmp_path: Path) -> None:
+@pytest.mark.slow  # four censuses and a LoRA model: 15-45 s on 2 cores (fake-tensor dispatch, load 8-40)
+def test_checkpointing_keeps_less_lora_and_policy_gradient_keep_no_reference_copy(tmp_path: Path) -> None:
     plain = census_actor(tiny_config(tmp_path, "sampling.grad_steps=3"))
     checkpointed = census_actor(
         tiny_config(tmp_path, "sampling.grad_steps=3", "actor.training_args.gradient_checkpointing=true")
@@ -85,6 +86,10 @@ def test_checkpointing_keeps_less_and_lora_keeps_no_reference_copy(tmp_path: Pat
         True,
     )
     assert lora.params["unet lora"] == lora.trainable == sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    policy_run = ("algorithm=policy_gradient", "regulariser_weight=0", "batch_size=1")
+    policy = census_actor(tiny_config(tmp_path, *policy_run))
+    # The update recomputes every step's pass with its gradient; policy gradient keeps no frozen copy.
+    assert "reference_unet" not in policy.params and policy.activations > 0
 
 
 def test_zero2_states_follow_the_trained_parts_and_the_dry_run_prints_them(tmp_path: Path) -> None:

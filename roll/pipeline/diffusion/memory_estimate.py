@@ -34,6 +34,7 @@ from roll.pipeline.base.dry_run.model_states import (
     optimizer_step_bytes,
     zero_model_states,
 )
+from roll.pipeline.diffusion.sampling import SamplingArguments, gradient_step_mask
 
 if TYPE_CHECKING:
     from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
@@ -120,13 +121,28 @@ def fake_actor_model(config: RewardFLConfig, fake_mode: Any) -> RewardFLModel:
             )
     finally:
         torch.set_default_dtype(default)
-    model.sampling, model.policy = config.sampling, config.policy
+    model.sampling, model.policy = census_sampling(config.sampling, scheduler), config.policy
     return model
+
+
+def census_sampling(sampling: SamplingArguments, scheduler: Any) -> SamplingArguments:
+    """`sampling` cut to its gradient steps: the steps before them keep nothing for backward, and their fake passes
+    would only take time. The saved tensors' shapes do not depend on the timesteps' values."""
+    scheduler.set_timesteps(sampling.num_inference_steps)
+    kept = sum(gradient_step_mask(scheduler.timesteps, sampling))
+    return dataclasses.replace(
+        sampling,
+        num_inference_steps=kept,
+        grad_steps=kept,
+        min_timestep=0,
+        max_timestep=scheduler.config.num_train_timesteps,
+    )
 
 
 def census_actor(config: RewardFLConfig) -> ActorCensus:
     """`ActorCensus` of the actor's model on a fake micro-batch of `per_device_train_batch_size` prompts (see the
-    module): the Reward FL forward, or for `algorithm=policy_gradient` the update's recomputed log-probabilities."""
+    module): the Reward FL forward, or for `algorithm=policy_gradient` the update's passes, one per denoising step
+    (each step's log-probability is recomputed with its gradient; the Gaussians' own few latents are left out)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from roll.models.diffusion.parts import encode_prompts
@@ -140,8 +156,9 @@ def census_actor(config: RewardFLConfig) -> ActorCensus:
     input_ids = encode_prompts(model.parts.tokenizer, ["a"] * rows)["input_ids"]
     with fake_mode:
         model.checkpointed = config.actor.training_args.gradient_checkpointing
-        if config.algorithm == "policy_gradient":
-            activations = saved_bytes(lambda: _policy_update(model, input_ids), tensors)
+        if config.algorithm == "policy_gradient":  # the update recomputes every step's pass with its gradient
+            one_pass = saved_bytes(lambda: _one_denoiser_pass(model, input_ids), tensors)
+            activations = config.sampling.num_inference_steps * one_pass
         else:
             activations = saved_bytes(lambda: model(input_ids), tensors)
             if model.checkpointed:  # backward recomputes one gradient step's denoiser pass at a time
@@ -176,17 +193,6 @@ def _one_denoiser_pass(model: RewardFLModel, input_ids: torch.Tensor) -> torch.T
     config = model.unet.config
     sample = torch.randn(len(input_ids), config.in_channels, config.sample_size, config.sample_size, dtype=cond.dtype)
     return model.noise_predictor(model.unet, cond, uncond)(sample, torch.tensor(500))
-
-
-def _policy_update(model: RewardFLModel, input_ids: torch.Tensor) -> torch.Tensor:
-    model.mode = "policy"
-    conditioning = model(input_ids)
-    model.mode = "reward_fl"
-    config, steps = model.unet.config, model.sampling.num_inference_steps
-    scheduler = model.parts.scheduler
-    scheduler.set_timesteps(steps)
-    shape = (len(input_ids), steps + 1, config.in_channels, config.sample_size, config.sample_size)
-    return conditioning.log_probs(torch.randn(shape), scheduler.timesteps)
 
 
 def actor_breakdown(config: RewardFLConfig, role: WorkerConfig, platform: str) -> RankBreakdown:
