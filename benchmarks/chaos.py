@@ -304,20 +304,23 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
     return run
 
 
-def compare(clean: Path, chaos: Path) -> tuple[float, float]:
-    """The largest relative difference of the COMPARED metrics over the steps, and the largest absolute
-    difference of an exported weight."""
+def compare(clean: Path, chaos: Path) -> tuple[float, int | None, float]:
+    """The largest relative difference of the COMPARED metrics over the steps, the first step where one differs by
+    more than 1e-6 (None: none does), and the largest absolute difference of an exported weight."""
     from safetensors.torch import load_file
 
     expected = {r["step"]: r for r in rows_of(clean)}
-    worst = 0.0
+    worst, first = 0.0, None
     for row in rows_of(chaos):
         for key in COMPARED:
             if key in row:
                 reference = expected[row["step"]][key]
-                worst = max(worst, abs(row[key] - reference) / max(abs(reference), 1e-12))
+                difference = abs(row[key] - reference) / max(abs(reference), 1e-12)
+                worst = max(worst, difference)
+                if difference > 1e-6 and first is None:
+                    first = int(row["step"])
     weights, reference = (load_file(run / "model" / "model.safetensors") for run in (chaos, clean))
-    return worst, max((weights[name] - tensor).abs().max().item() for name, tensor in reference.items())
+    return worst, first, max((weights[name] - tensor).abs().max().item() for name, tensor in reference.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -369,7 +372,7 @@ def main() -> None:
         chaos_s = time.monotonic() - started
         if code != 0:
             raise SystemExit(f"the run with faults ended with status {code}; see {chaos / 'driver.log'}")
-        worst_metric, worst_weight = compare(clean / where.run_name, chaos / where.run_name)
+        worst_metric, first_different, worst_weight = compare(clean / where.run_name, chaos / where.run_name)
         final = rows_of(chaos / where.run_name)[-1]["step"]
     lines = [
         "| fault | planned: after step, +s | last step logged | survived | steps computed again | roles restarted (s) "
@@ -385,7 +388,8 @@ def main() -> None:
         )
     text = "\n".join(lines) + (
         f"\n\nThe run with faults reached step {final} of {args.steps} and exited 0 in {chaos_s:.0f} s (uninterrupted:"
-        f" {clean_s:.0f} s). Largest relative difference of {', '.join(COMPARED)} at any step: {worst_metric:.1e};"
+        f" {clean_s:.0f} s). Largest relative difference of {', '.join(COMPARED)} at any step: {worst_metric:.1e}"
+        f" ({'none over 1e-6' if first_different is None else f'the first over 1e-6 at step {first_different}'});"
         f" largest absolute difference of an exported weight: {worst_weight:.1e}."
     )
     print(text)
