@@ -1,13 +1,13 @@
 """A Reward FL step on CPU at about 100M parameters: the actor process's peak memory against the dry run's estimate.
 
-    python benchmarks/diffusion_memory.py [--malloc-threshold] [--write-docs] [OVERRIDE ...]
+    python benchmarks/diffusion_memory.py [--steps N] [--malloc-threshold] [--write-docs] [OVERRIDE ...]
 
 It runs `roll-reward-fl` (the shapes YAML, without its warm start) on a `tiny-diffusion://` UNet of 97M parameters
 (32x32 pixels, channels 320 and 640, a text encoder of width 256) with the identity reward on a small locally built
-CLIP vision tower, for one optimizer step of 4 prompts (8 DDIM steps, guidance 3, the gradient through the last 2,
-ZeRO-2 on one rank, fp32) and two held-out images before and after it. The actor's process is sampled five times a
-second (RSS and PSS, and the method it runs), and compared with what the dry run estimates for it: its runtime,
-resident states and largest phase (`node_estimate`, with the actor's breakdown from
+CLIP vision tower, for `--steps` optimizer steps (default 1) of 4 prompts (8 DDIM steps, guidance 3, the gradient
+through the last 2, ZeRO-2 on one rank, fp32) and two held-out images before and after. The actor's process is
+sampled five times a second (RSS and PSS, and the method it runs), and compared with what the dry run estimates for
+it: its runtime, resident states and largest phase (`node_estimate`, with the actor's breakdown from
 `roll/pipeline/diffusion/memory_estimate.py`). `--malloc-threshold` gives the actor `MALLOC_MMAP_THRESHOLD_=131072`
 (as the 0.5B LLM recipe does), so freed tensors leave its heap. OVERRIDEs go to the run and the estimate alike.
 """
@@ -42,7 +42,6 @@ RUN = (
     "warm_start.base_model=''",
     "warm_start.output_dir=''",
     f"pretrain='{MODEL}'",
-    "max_steps=1",
     "eval_steps=1",
     "batch_size=4",
     "actor.training_args.per_device_train_batch_size=4",
@@ -129,12 +128,13 @@ def _sample_rss(process: subprocess.Popen, pid_dir: Path, peak: list[int]) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps (Adam's moments exist from the first)")
     parser.add_argument("--malloc-threshold", action="store_true", help="MALLOC_MMAP_THRESHOLD_=131072 in the actor")
     parser.add_argument(doc_tables.WRITE_DOCS, action="store_true", dest="write_docs")
     args, extra = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        overrides = [*RUN, *reward_files(root), f"output_dir={root / 'out'}", *extra]
+        overrides = [*RUN, f"max_steps={args.steps}", *reward_files(root), f"output_dir={root / 'out'}", *extra]
         if args.malloc_threshold:
             overrides.append("+actor.env_vars.MALLOC_MMAP_THRESHOLD_='131072'")
         estimated, lines = estimate(overrides)
@@ -147,7 +147,7 @@ def main() -> None:
     malloc = "MALLOC_MMAP_THRESHOLD_=131072" if args.malloc_threshold else "glibc's default"
     text = "\n".join(
         [
-            f"Actor process, {malloc}; the run took {seconds:.0f} s.",
+            f"Actor process, {malloc}, {args.steps} step(s); the run took {seconds:.0f} s.",
             "",
             "| actor peak | measured (GiB) | estimate (GiB) | measured / estimate |",
             "|---|---:|---:|---:|",
