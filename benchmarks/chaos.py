@@ -17,7 +17,8 @@ delay under 0.3 s later:
     reward  SIGKILL to the reward worker           idem
     driver  SIGTERM to the driver                  it checkpoints and exits 75; started again, as a requeued job is,
                                                    with resume_from_checkpoint=auto
-    node    SIGKILL to 127.0.0.3's raylet          (--nodes 2) the run restarts its roles once another node joined
+    node    SIGKILL to 127.0.0.3's raylet and the  (--nodes 2) the run restarts its roles once another node joined
+            worker processes it started
 
 For each fault: whether the run went on, the steps it had logged that it computed again (the work since the last
 checkpoint), the time Ray and roll took to start the roles again (`fault/recovery_s`), and the time from the fault
@@ -116,7 +117,7 @@ FAULTS = {
     "reward": ("a reward worker (rewards.math rank 0, SIGKILL)", "rewards.math-0"),
     "env": ("an env worker (SIGKILL), replaced in place", "env-*"),
     "driver": ("the driver (SIGTERM), started again", None),
-    "node": ("a node's raylet (SIGKILL), another node joining 10 s later", NODE),
+    "node": ("a node: its raylet and workers (SIGKILL), another node joining 10 s later", NODE),
 }
 DEFAULT_FAULTS = {"rlvr": ["train", "infer", "reward", "driver"], "agentic": ["train", "env", "driver"]}
 RESTARTLESS = ("env", "driver")  # faults the run survives without a restart of its roles
@@ -176,6 +177,21 @@ class Setting:
     def run_name(self) -> str:
         """The run directory's name under an output directory."""
         return RECIPES[self.recipe][2]
+
+    def lose_node(self) -> None:
+        """127.0.0.3 goes as a machine does: its raylet and every process it started (the workers on it) SIGKILLed."""
+        import psutil
+        from ray._private import ray_constants
+
+        lost = next(node for node in self.cluster.worker_nodes if node.node_ip_address == NODE_IPS[1])
+        raylet = psutil.Process(lost.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+        workers = raylet.children(recursive=True)
+        self.cluster.remove_node(lost, allow_graceful=False)
+        for process in workers:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                continue
 
     def spare_node(self) -> None:
         """A node like the lost one joins the cluster."""
@@ -281,8 +297,7 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
         logged_after = lambda: any(r["step"] > fault.resumed_from for r in rows_of(run_dir))  # noqa: E731
     else:
         if target == NODE:
-            lost = next(node for node in where.cluster.worker_nodes if node.node_ip_address == NODE_IPS[1])
-            where.cluster.remove_node(lost, allow_graceful=False)
+            where.lose_node()
             time.sleep(SPARE_AFTER_S)
             where.spare_node()
         else:
@@ -292,8 +307,8 @@ def inject(fault: Fault, run: subprocess.Popen, output: Path, where: Setting, pr
             logged_after = lambda: any(r["step"] > fault.at_step for r in rows_of(run_dir))  # noqa: E731
         else:
             logged_after = lambda: any(r.get("fault/restarts", 0) > restarts for r in rows_of(run_dir))  # noqa: E731
-    wait_until(lambda: logged_after() or run.poll() not in (None, 0), f"a step after the {fault.name} fault")
-    if run.poll() in (None, 0):
+    wait_until(lambda: logged_after() or run.poll() is not None, f"a step after the {fault.name} fault")
+    if run.poll() in (None, 0) and logged_after():
         fault.survived = True
         fault.back_s = time.monotonic() - struck
         if fault.name not in RESTARTLESS:
