@@ -314,6 +314,8 @@ MEASUREMENTS = (
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
     "python benchmarks/diffusion_memory.py",
+    "python benchmarks/training_backends.py --write-docs",
+    "python benchmarks/training_backends.py --model medium --write-docs",
     "python benchmarks/diffusion_memory.py --malloc-threshold",
     "python benchmarks/memory_estimate.py --malloc dynamic",
     *(
@@ -630,6 +632,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     # pytest's report options aside, the whole suite.
     "bash scripts/test.sh --durations=0 --junitxml=...": Collected("tests/"),
     "bash scripts/test.sh --durations=0 --junitxml=suite.xml": Collected("tests/"),
+    "bash scripts/test.sh --cov --cov-report=term": Collected("tests/"),
     "roll-sft --config-name sft_frozen_lake max_steps=2 eval_steps=2": Run(
         "roll-sft --config-name sft_frozen_lake max_steps=2 eval_steps=2", beside=True
     ),
