@@ -311,6 +311,10 @@ MEASUREMENTS = (
     "python benchmarks/chaos.py --write-docs",
     "python benchmarks/chaos.py --nodes 2 --faults node --write-docs",
     "python benchmarks/chaos.py --recipe agentic --write-docs",
+    # The commands the written blocks name (without --write-docs).
+    "python benchmarks/chaos.py",
+    "python benchmarks/chaos.py --nodes 2 --faults node",
+    "python benchmarks/chaos.py --recipe agentic",
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
     "python benchmarks/diffusion_memory.py",
