@@ -321,6 +321,7 @@ MEASUREMENTS = (
     "python benchmarks/training_backends.py --write-docs",
     "python benchmarks/training_backends.py --model medium --write-docs",
     "python benchmarks/diffusion_memory.py --malloc-threshold",
+    "python benchmarks/diffusion_memory.py --steps 2 --malloc-threshold",
     "python benchmarks/memory_estimate.py --malloc dynamic",
     *(
         f"THP_MEM_ALLOC_ENABLE={thp} {python} benchmarks/offload_bandwidth.py --params-millions 64 --repeats 7 "

@@ -129,7 +129,7 @@ def test_a_reward_without_gradient_is_refused_with_the_policy_gradient_option(va
         ({"data__held_out_prompts": 20}, "batch_size=8 is more than the 4 training prompts"),
         (
             {"trainable_models": ["text_encoder"], "actor__model_args__lora_rank": 4},
-            "lora_rank > 0 adapts the UNet, which trainable_models does not list",
+            r"lora_rank > 0 adapts the UNet \(or a flow model.s transformer\), which trainable_models does not list",
         ),
         (
             {"actor__strategy_args__strategy_name": "hf_infer", "actor__strategy_args__strategy_config": {}},
