@@ -18,7 +18,9 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.strategy.engine_strategy import generation_stop_ids
 from roll.distributed.strategy.response_scores import LOG_PROB_TEMPERATURE
 from roll.models.model_providers import load_tokenizer
+from roll.models.processors import processor_for
 from roll.models.tiny import resolve_model_path
+from roll.models.vision_inputs import IMAGE_KEYS
 from roll.pipeline.agentic.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
@@ -81,7 +83,9 @@ class RLVRPipeline(BasePipeline):
                 data=config.data,
             )
         else:
-            self.train_examples, self.eval_examples = load_splits(config.data, self.tokenizer)
+            self.train_examples, self.eval_examples = load_splits(
+                config.data, self.tokenizer, processor=processor_for(config.actor_train.model_args.model_name_or_path)
+            )
             if config.eval_batch_size:
                 self.eval_examples = self.eval_examples[: config.eval_batch_size]
             self.sampler = make_sampler(
@@ -352,7 +356,8 @@ class RLVRPipeline(BasePipeline):
             metrics["actor/overlong_filtered_fraction"] = fraction
         # What the losses read: not the scores, nor the teacher's log-probs (already in the token rewards).
         unread = ("scores", "verifier_scores", "teacher_log_probs")
-        train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=[])
+        images = [k for k in IMAGE_KEYS if k in batch.non_tensor_batch]  # every forward pass of the update reads them
+        train_batch = batch.select(batch_keys=[k for k in batch.batch if k not in unread], non_tensor_keys=images)
         for role, phase in reversed(self._trained_roles()):  # the critic's update, then actor_train's
             prefix = "actor" if role == "actor_train" else role
             with self.residency.timed(phase, timings):
