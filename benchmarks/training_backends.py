@@ -7,10 +7,11 @@ For each backend it runs the job of benchmarks/rlvr_step_breakdown.py (examples/
 actor_train on 2 ranks, no evaluation) with only actor_train's strategy swapped, and reports the mean seconds of
 the training phase and of the whole step (the first `--skip` steps left out), and the peak resident memory of the
 run's Ray worker processes (the kernel's VmHWM of each worker the benchmark's embedded Ray started, sampled until
-the run ends): the largest one and their sum. The roles share their processes (`share_worker_processes`), so a process's peak holds the generation and
-reference roles too; they are the same for every backend, so the differences are the trainer's. `--model medium`
-is the 23.7M-parameter shape; a larger one is a `pretrain=` override (a `tiny://` shape or a checkpoint).
-`--write-docs` rewrites this model's table in docs/configuration.md.
+the run ends): the largest one, their number and their sum. The roles share their processes
+(`share_worker_processes`), so a process's peak holds the generation and reference roles too; they are the same
+for every backend, so the differences are the trainer's. `--model medium` is the 23.7M-parameter shape; a larger
+one is a `pretrain=` override (a `tiny://` shape or a checkpoint). `--write-docs` rewrites this model's table in
+docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+import ray
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -95,7 +98,7 @@ def _worker_peak_bytes(pid: int) -> int:
 
 
 def measure(backend: str, steps: int, skip: int, pretrain: str, overrides: list[str]) -> dict[str, float]:
-    """Run the job with actor_train on `backend`; its mean train and step seconds and worker peaks in GiB."""
+    """Run the job with actor_train on `backend`; its mean train and step seconds, worker processes and peaks (GiB)."""
     strategy, block = BACKENDS[backend]
     swap = [
         f"actor_train.strategy_args.strategy_name={strategy}",
@@ -103,6 +106,7 @@ def measure(backend: str, steps: int, skip: int, pretrain: str, overrides: list[
     ]
     with tempfile.TemporaryDirectory() as output_dir, WorkerPeaks() as peaks:
         rows = rlvr_step_breakdown.run(steps, [*swap, *overrides], output_dir, pretrain)[skip:]
+    ray.shutdown()  # the next backend in a Ray of its own: no worker process (and its peak) carries over
     if not rows or not peaks.peaks:
         raise SystemExit(f"{backend}: no steps after --skip {skip}, or no worker process seen; raise --steps")
     return {
@@ -110,20 +114,21 @@ def measure(backend: str, steps: int, skip: int, pretrain: str, overrides: list[
         "step_s": statistics.mean(row["time/step_s"] for row in rows),
         "largest_gib": max(peaks.peaks.values()) / KIB**3,
         "sum_gib": sum(peaks.peaks.values()) / KIB**3,
+        "processes": len(peaks.peaks),
     }
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
     """The backends' numbers as a markdown table."""
     lines = [
-        "| actor_train | train phase s | step s | largest worker peak GiB | all workers' peaks GiB |",
-        "|---|---|---|---|---|",
+        "| actor_train | train phase s | step s | largest worker peak GiB | worker processes | their peaks' sum GiB |",
+        "|---|---|---|---|---|---|",
     ]
     for backend, r in results.items():
         strategy, block = BACKENDS[backend]
         lines.append(
             f"| `{strategy}` `${{{block}}}` | {r['train_s']:.3f} | {r['step_s']:.3f} | {r['largest_gib']:.2f} "
-            f"| {r['sum_gib']:.2f} |"
+            f"| {r['processes']} | {r['sum_gib']:.2f} |"
         )
     return "\n".join(lines)
 
