@@ -33,7 +33,8 @@ if str(REPO_ROOT) not in sys.path:
 from benchmarks import doc_tables, rlvr_step_breakdown  # noqa: E402
 
 DOC = REPO_ROOT / "docs" / "configuration.md"
-BLOCKS = {"small": "training_backends", "medium": "training_backends-medium"}
+BLOCK_OF_MODEL = {"small": "training_backends", "medium": "training_backends-medium"}
+BLOCKS = tuple(BLOCK_OF_MODEL.values())
 # Backend name -> actor_train's strategy: its name and its block of examples/config.
 BACKENDS: dict[str, tuple[str, str]] = {
     "zero3": ("deepspeed_train", "deepspeed_zero3"),
@@ -136,7 +137,9 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The options; anything else on the command line is a Hydra override of every run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(BLOCKS), default="small", help="small: 0.3M, medium: 23.7M params")
+    parser.add_argument(
+        "--model", choices=sorted(BLOCK_OF_MODEL), default="small", help="small: 0.3M, medium: 23.7M params"
+    )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the averages")
     parser.add_argument("--backends", nargs="+", choices=sorted(BACKENDS), default=["zero3", "fsdp2"])
@@ -157,7 +160,7 @@ def main() -> None:
     command = doc_tables.command_line(__file__, sys.argv[1:])
     print(f"{doc_tables.provenance(command, PACKAGES)}\n\n{result}")
     if args.write_docs:
-        doc_tables.write_block(DOC, BLOCKS[args.model], command, result, PACKAGES)
+        doc_tables.write_block(DOC, BLOCK_OF_MODEL[args.model], command, result, PACKAGES)
 
 
 if __name__ == "__main__":

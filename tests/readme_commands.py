@@ -318,6 +318,8 @@ MEASUREMENTS = (
     ".venv/bin/python benchmarks/memory_estimate.py --write-docs",
     ".venv/bin/python benchmarks/memory_estimate.py --malloc dynamic --write-docs",
     "python benchmarks/diffusion_memory.py",
+    "python benchmarks/training_backends.py",
+    "python benchmarks/training_backends.py --model medium",
     "python benchmarks/training_backends.py --write-docs",
     "python benchmarks/training_backends.py --model medium --write-docs",
     "python benchmarks/diffusion_memory.py --malloc-threshold",
