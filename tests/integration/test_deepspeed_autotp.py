@@ -34,10 +34,9 @@ from tests.strategy_workers import next_token_log_probs
 from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
-# The tiny model, its 16-row batch and the 2-device reservation of the plain DeepSpeed strategy tests.
+# The tiny model and its 16-row batch of the plain DeepSpeed strategy tests (the 2-slot reservation is conftest.py's).
 model_path = deepspeed_roles.model_path
 batch = deepspeed_roles.batch
-resource_manager = deepspeed_roles.resource_manager
 
 
 def autotp_block(stage: int, tp_size: int = 2) -> dict:
