@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase, ProcessorMixin, Qwen2_5_VLProcessor
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, ProcessorMixin, Qwen2_5_VLProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from roll.models.tiny import resolve_model_path
@@ -62,10 +63,11 @@ def is_vision_language(model_path: str) -> bool:
         return True
     if model_path.startswith("tiny://"):
         return False
-    path = Path(resolve_model_path(model_path)).expanduser()
-    if not (path / "config.json").is_file():
+    config_file = Path(resolve_model_path(model_path)).expanduser() / "config.json"
+    if not config_file.is_file():
         return False
-    return AutoConfig.from_pretrained(path).model_type in VISION_LANGUAGE_MODEL_TYPES
+    # Read as JSON, not AutoConfig: a directory holding a tokenizer beside a partial config is no VLM, not an error.
+    return json.loads(config_file.read_text()).get("model_type") in VISION_LANGUAGE_MODEL_TYPES
 
 
 def freeze_vision_tower(model: torch.nn.Module) -> None:
