@@ -158,6 +158,7 @@ class EnvArguments:
         """Every environment (`name`, or each of `sources`) resolves and builds with its kwargs (one is built, then
         closed), the sources are well formed, and the trajectory budget holds one turn; ConfigError naming the
         field."""
+        self._check_reward_fn()
         if self.sources:
             self._check_sources()
         if self.agent_task == "data":
@@ -211,6 +212,9 @@ class EnvArguments:
                 f"env.agent_task=data takes the agent's tasks from the data block, not from an environment; remove "
                 f"env.name={self.name} and env.kwargs={self.kwargs} (or set env.agent_task=env)"
             )
+
+    def _check_reward_fn(self) -> None:
+        """`reward_fn` imports (checked even where no data task reads it: a set field that cannot work is an error)."""
         from roll.rewards.reward_process import import_reward_fn
 
         try:
