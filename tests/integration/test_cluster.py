@@ -213,6 +213,9 @@ def test_a_registered_method_may_not_shadow_the_cluster(ray_session: None) -> No
 class Peer:
     """One side of a collective: it dies, or fails as gloo does once its peer is gone."""
 
+    def ready(self) -> None:
+        """Answers once the actor runs."""
+
     def die_after(self, seconds: float) -> None:
         time.sleep(seconds)
         os._exit(1)
@@ -225,8 +228,9 @@ def test_a_partner_failing_because_a_worker_died_names_the_death(ray_session: No
     """The partner's error arrives first; the call set still ends as the death of the worker behind it (a restart
     can then follow), not as the partner's error."""
     sender, receiver = (ray.remote(num_cpus=0)(Peer).remote() for _ in range(2))
+    ray.get([sender.ready.remote(), receiver.ready.remote()])  # both started: the partner's error comes first
     futures = [
-        ClusterFuture([receiver.die_after.remote(1.0)], lambda results: results, [("receiver rank 0", receiver)]),
+        ClusterFuture([receiver.die_after.remote(3.0)], lambda results: results, [("receiver rank 0", receiver)]),
         ClusterFuture([sender.lose_peer.remote()], lambda results: results, [("sender rank 0", sender)]),
     ]
     with pytest.raises(WorkerDiedError, match=r"^receiver rank 0 died .*\(and so: "):
