@@ -143,9 +143,10 @@ def test_the_slurm_script_passes_sigterm_to_the_run_and_requeues_it_on_status_75
     """SLURM's pre-stop SIGTERM (--signal=B:TERM) reaches the batch script: it passes it to the run, which stops as
     roll's entry points do (exit 75, PREEMPTED_EXIT_CODE, here a stand-in program), and the job is requeued. A
     requeued job (SLURM_RESTART_COUNT > 0) runs with resume_from_checkpoint=auto appended."""
+    # The handler before the line the test waits for: a SIGTERM right after it must find the handler in place.
     program = (
-        "import signal, sys, time; print('arguments', sys.argv[1:], flush=True); "
-        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({PREEMPTED_EXIT_CODE})); time.sleep(300)"
+        f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit({PREEMPTED_EXIT_CODE})); "
+        "print('arguments', sys.argv[1:], flush=True); time.sleep(300)"
     )
     # Ray stood in for too (this test is about the script's signals, not Ray): `ray start --block` waits, the token is
     # a word, and the venv's python answers the script's two questions about Ray before running the program.
