@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from roll.pipeline.rlvr.async_generation import IN_FLIGHT_FILE
 from tests.rlvr_runs import run_rlvr, small_policy_config
 
 pytestmark = pytest.mark.slow
@@ -83,10 +84,12 @@ def test_episodes_played_during_the_previous_update_by_env_workers(overlapped_on
         assert 1 <= row["rollout/turns_mean"] <= 5 and row["rollout/env_errors"] == 0
         assert 0 < row["actor/tis_weight_mean"] <= 2.0
     assert 0 <= rows[-1]["val/accuracy"] <= 1
-    # Step 2's episodes were in flight when step 1 saved, their seeds drawn: the checkpoint keeps the position
-    # before them (one batch of 4 seeds), so a resumed run plays them again.
-    state = json.loads((output / "agentic_guess_number" / "checkpoints" / "step_1" / "driver_state.json").read_text())
-    assert state["step"] == 1 and state["sampler"] == {"position": 4}
+    # Step 2's episodes were in flight when step 1 saved: the checkpoint waited for them and stores their batch, so
+    # the sampler's position is past their seeds (two batches of 4) and a resumed run trains on that batch.
+    checkpoint = output / "agentic_guess_number" / "checkpoints" / "step_1"
+    state = json.loads((checkpoint / "driver_state.json").read_text())
+    assert state["step"] == 1 and state["sampler"] == {"position": 8}
+    assert (checkpoint / IN_FLIGHT_FILE).is_file()
 
 
 def test_each_source_plays_in_env_workers_of_its_own_with_metrics_per_source(
