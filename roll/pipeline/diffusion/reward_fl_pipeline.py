@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer
@@ -105,16 +106,23 @@ class RewardFLPipeline(TrainingRunPipeline):
         # Train metrics are already averaged over ranks by the strategy: rank 0 speaks for all.
         return {f"actor/{key}": value for key, value in metrics.items()} | timings
 
-    def policy_gradient_step(self, timings: dict[str, float]) -> dict[str, float]:
-        """`policy.group_size` stochastic samples per prompt, their rewards normalised within each prompt's group
-        (GRPO's advantage), then one PPO-clipped update on them; the update's metrics and the samples' reward."""
-        actor, group = self.clusters["actor"], self.config.policy.group_size
+    def group_rollouts(self, timings: dict[str, float]) -> tuple[DataProto, Any, torch.Tensor, torch.Tensor]:
+        """`policy.group_size` stochastic samples per prompt of the next batch: the encoded prompts, the actor's
+        rollouts, their rewards and the rewards normalised within each prompt's group (GRPO's advantage)."""
+        group = self.config.policy.group_size
         prompts = self.sampler.next_batch()
         batch = self.encode([prompt for prompt in prompts for _ in range(group)])
         with self.residency.timed(ROLLOUT, timings):
-            rollouts = actor.sample_rollouts(batch, self.config.seed).batch
+            rollouts = self.clusters["actor"].sample_rollouts(batch, self.config.seed).batch
         rewards = rollouts["rewards"].float()
         advantages = normalize_scores(rewards, torch.arange(len(prompts)).repeat_interleave(group), "group")
+        return batch, rollouts, rewards, advantages
+
+    def policy_gradient_step(self, timings: dict[str, float]) -> dict[str, float]:
+        """`policy.group_size` stochastic samples per prompt, their rewards normalised within each prompt's group
+        (GRPO's advantage), then one PPO-clipped update on them; the update's metrics and the samples' reward."""
+        actor = self.clusters["actor"]
+        batch, rollouts, rewards, advantages = self.group_rollouts(timings)
         trajectories = {key: rollouts[key] for key in ("latents", "step_mask", "timesteps")}
         update = batch.union(
             DataProto.from_dict(
@@ -129,13 +137,8 @@ class RewardFLPipeline(TrainingRunPipeline):
         """DiffusionNFT: `policy.group_size` samples per prompt from any sampler (`flow.rollout_steps` SDE steps at
         `flow.noise_level`, 0 = Euler), their group-relative advantages mapped to optimality probabilities, then
         one update on the final samples alone; the update's metrics and the samples' reward."""
-        actor, group = self.clusters["actor"], self.config.policy.group_size
-        prompts = self.sampler.next_batch()
-        batch = self.encode([prompt for prompt in prompts for _ in range(group)])
-        with self.residency.timed(ROLLOUT, timings):
-            rollouts = actor.sample_rollouts(batch, self.config.seed).batch
-        rewards = rollouts["rewards"].float()
-        advantages = normalize_scores(rewards, torch.arange(len(prompts)).repeat_interleave(group), "group")
+        actor = self.clusters["actor"]
+        batch, rollouts, rewards, advantages = self.group_rollouts(timings)
         optimality = nft_optimality(advantages, self.config.flow.nft_advantage_clip)
         samples = rollouts["latents"][:, -1]
         update = batch.union(DataProto.from_dict(tensors={"samples": samples, "optimality": optimality}))
