@@ -638,6 +638,7 @@ VERDICTS: dict[str, Run | Collected | Skip] = {
     ),
     # pytest's report options aside, the whole suite.
     "bash scripts/test.sh --durations=0 --junitxml=...": Collected("tests/"),
+    "bash scripts/test.sh --junitxml=...": Collected("tests/"),
     "bash scripts/test.sh --durations=0 --junitxml=suite.xml": Collected("tests/"),
     "bash scripts/test.sh --cov --cov-report=term": Collected("tests/"),
     "roll-sft --config-name sft_frozen_lake max_steps=2 eval_steps=2": Run(

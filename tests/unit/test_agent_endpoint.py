@@ -124,10 +124,10 @@ def test_calls_that_extend_each_other_train_the_ids_as_sampled(tokenizer: Any) -
         server.close()
     xy_eos = engine.sampled
     prompt, again = _ids(tokenizer, "task 5\n"), _ids(tokenizer, "again\n")
-    # Two waves (both episodes' first calls together, then both second calls); each second call's prompt is the
-    # first call's prompt, its sampled ids and the new user turn: no re-tokenisation.
-    assert [len(seen) for seen, _, _ in engine.calls] == [2, 2]
-    assert engine.calls[1][0] == [prompt + xy_eos + again] * 2
+    # Each second call's prompt is the first call's prompt, its sampled ids and the new user turn: no
+    # re-tokenisation. (How the four calls group into waves depends on timing: a loaded machine splits them.)
+    seen = sorted(row for rows, _, _ in engine.calls for row in rows)
+    assert seen == [prompt] * 2 + [prompt + xy_eos + again] * 2
     assert batch.batch["prompts"][0].tolist() == prompt
     response = xy_eos + again + xy_eos
     assert batch.batch["responses"][0, : len(response)].tolist() == response
