@@ -157,17 +157,25 @@ def tiny_model_identity(spec: TinyModelSpec, seed: int, alphabet: str = DEFAULT_
     return {"version": _BUILD_VERSION, "spec": asdict(spec), "seed": seed, "alphabet": alphabet}
 
 
-def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
-    if spec.vocab_size and spec.vocab_size < len(tokenizer):
-        raise ValueError(f"vocab_size={spec.vocab_size} is below the tokenizer's {len(tokenizer)} tokens (0: as many)")
+def decoder_shape(spec: Any) -> dict[str, int]:
+    """A tiny spec's decoder shape (its hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads and
+    max_position_embeddings) as transformers' configs name it."""
     return {
-        "vocab_size": spec.vocab_size or len(tokenizer),
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "max_position_embeddings": spec.max_position_embeddings,
+    }
+
+
+def _config_kwargs(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+    if spec.vocab_size and spec.vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size={spec.vocab_size} is below the tokenizer's {len(tokenizer)} tokens (0: as many)")
+    return {
+        "vocab_size": spec.vocab_size or len(tokenizer),
+        **decoder_shape(spec),
         "tie_word_embeddings": spec.tie_word_embeddings,
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,

@@ -18,7 +18,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from roll.models.build_cache import build_in_cache, read_marker
 from roll.models.processors import VISION_TOKENS, image_only_processor
-from roll.models.tiny import build_char_tokenizer, write_seeded_model
+from roll.models.tiny import build_char_tokenizer, decoder_shape, write_seeded_model
 
 VLM_ARCH = "qwen2_5_vl"
 SPEC_MARKER = "roll_tiny_vlm_spec.json"
@@ -126,12 +126,7 @@ def _config_kwargs(spec: TinyVLMSpec, tokenizer: Any) -> dict[str, Any]:
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in VISION_TOKENS.items()}
     text = {
         "vocab_size": len(tokenizer),
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "max_position_embeddings": spec.max_position_embeddings,
+        **decoder_shape(spec),
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,

@@ -34,9 +34,10 @@ TOKENIZER_CLASS = ["transformers", "PreTrainedTokenizerFast"]
 
 
 @dataclass(frozen=True)
-class TinySD3Spec:
-    """An SD3-family image model: `image_size`² RGB pixels, a VAE halving them into `latent_channels`, a transformer
-    of `layers` joint blocks of `heads` x `head_dim` over 2x2 latent patches."""
+class _TinyFlowShape:
+    """What every tiny flow model has: `image_size`² RGB pixels, a VAE halving them into `latent_channels`, a
+    transformer of `layers` blocks of `heads` x `head_dim`, a text encoder of `text_hidden_size` reading up to
+    `max_prompt_tokens`."""
 
     image_size: int = 16
     latent_channels: int = 4
@@ -52,22 +53,19 @@ class TinySD3Spec:
 
 
 @dataclass(frozen=True)
-class TinyWanSpec:
-    """A Wan-family video model: `frames` RGB frames of `image_size`², a causal video VAE halving space and time
-    (`frames` = 1 + 2k), a transformer of `layers` blocks of `heads` x `head_dim` over 1x2x2 latent patches."""
+class TinySD3Spec(_TinyFlowShape):
+    """An SD3-family image model: joint transformer blocks over 2x2 latent patches."""
 
-    image_size: int = 16
+
+@dataclass(frozen=True)
+class TinyWanSpec(_TinyFlowShape):
+    """A Wan-family video model: `frames` RGB frames, a causal video VAE halving space and time (`frames` = 1 + 2k),
+    transformer blocks over 1x2x2 latent patches."""
+
     frames: int = 5
-    latent_channels: int = 4
-    layers: int = 2
-    heads: int = 2
-    head_dim: int = 32
-    text_hidden_size: int = 16
-    max_prompt_tokens: int = 8
 
     def __post_init__(self) -> None:
-        if self.image_size % 4 or self.image_size < 4:
-            raise ValueError(f"image_size={self.image_size} must be a multiple of 4 (the VAE halves it, patches of 2)")
+        super().__post_init__()
         if self.frames % 2 != 1:
             raise ValueError(f"frames={self.frames} must be odd: the causal VAE keeps the first and halves the rest")
 

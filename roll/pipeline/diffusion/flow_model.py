@@ -30,7 +30,7 @@ from roll.pipeline.diffusion.flow_sampling import (
 from roll.pipeline.diffusion.reward_fl_model import (
     RewardFLOutput,
     RolloutOutput,
-    add_lora_adapters,
+    make_trainable,
     merge_lora,
     rollout_output,
     without_adapters,
@@ -116,11 +116,7 @@ class FlowRewardModel(torch.nn.Module):
         self.reference_transformer = None
         if with_reference and model_args.lora_rank == 0:
             self.reference_transformer = copy.deepcopy(self.transformer).eval()
-        self.lora_scaling = 0.0
-        if model_args.lora_rank > 0:
-            self.lora_scaling = add_lora_adapters(self.transformer, model_args)
-        else:
-            self.transformer.requires_grad_(True)
+        self.lora_scaling = make_trainable(self.transformer, model_args)
         self.with_reference = with_reference
         self.sampling = SamplingArguments()
         self.flow = FlowArguments()

@@ -18,10 +18,9 @@ import math
 from collections.abc import Callable
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from roll.pipeline.diffusion.policy_gradient import Trajectory, gaussian_log_prob
-from roll.pipeline.diffusion.sampling import GradStepHook, SamplingArguments
+from roll.pipeline.diffusion.sampling import GradStepHook, SamplingArguments, predict_with_grad
 
 # A step's log-probability divides the mean's error by its noise: below this standard deviation (the last step
 # into sigma 0 from sigma ~0.001 has ~1e-3) the rounding differences between two passes of the same model
@@ -79,12 +78,7 @@ def denoise_flow(
         sigma, sigma_next = sigmas[index].item(), sigmas[index + 1].item()
         timestep = model_timestep(sigma, scheduler).to(noise.device)
         if keeps_grad:
-            if checkpointed:
-                velocity = checkpoint(predict, sample, timestep, use_reentrant=False)
-            else:
-                velocity = predict(sample, timestep)
-            if on_grad_step is not None:
-                on_grad_step(sample.detach(), timestep, velocity)
+            velocity = predict_with_grad(predict, sample, timestep, checkpointed, on_grad_step)
         else:
             with torch.no_grad():
                 velocity = predict(sample, timestep)

@@ -9,10 +9,8 @@ model. Runs once in the driver and is reused, as `warm_start` does for the UNet.
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,12 +19,12 @@ from roll.models.diffusion.flow_parts import FlowParts, flow_family, load_flow_p
 from roll.pipeline.diffusion.flow_model import encode_flow_prompts
 from roll.pipeline.diffusion.shapes import all_prompts, draw_batch, draw_clip
 from roll.pipeline.diffusion.warm_start import (
-    WARM_START_MARKER,
     WarmStartArguments,
+    finished_warm_start,
     record_warm_start,
     run_warm_start,
+    seeded_rng,
     training_step,
-    warm_start_done,
 )
 from roll.utils.tracking import show_progress
 
@@ -109,12 +107,10 @@ def warm_start_of(config: RewardFLConfig) -> dict[str, float]:
 def run_flow_warm_start(args: WarmStartArguments, image_size: int, frames: int) -> dict[str, float]:
     """Train the VAE (a third of the steps) then the transformer (all the steps) on `image_size`-pixel shapes
     (`frames` per clip for video) unless the warm start exists; its final losses and seconds (0 s when reused)."""
-    out = Path(args.output_dir)
-    if warm_start_done(args):
-        return json.loads((out / WARM_START_MARKER).read_text())["result"]
+    if (finished := finished_warm_start(args)) is not None:
+        return finished
     started = time.perf_counter()
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+    rng = seeded_rng(args.seed)
     parts = load_flow_parts(args.base_model)
     if not image_size and parts.family == "video":
         raise ValueError("flow.image_size=0: a video model has no size of its own; set flow.image_size")

@@ -108,10 +108,7 @@ class RewardFLModel(torch.nn.Module):
         if "text_encoder" in trainable:
             self.text_encoder.requires_grad_(True)
         if "unet" in trainable:
-            if model_args.lora_rank > 0:
-                self.lora_scaling = add_lora_adapters(self.unet, model_args)
-            else:
-                self.unet.requires_grad_(True)
+            self.lora_scaling = make_trainable(self.unet, model_args)
         self.with_reference = with_reference
         self.sampling = SamplingArguments()
         self.policy = PolicyGradientArguments()
@@ -233,9 +230,12 @@ class RewardFLModel(torch.nn.Module):
         save_diffusion_parts(self.parts, output_dir, by_part)
 
 
-def add_lora_adapters(module: torch.nn.Module, model_args: ModelArguments) -> float:
-    """Add LoRA adapters on `model_args.lora_target_modules` of a diffusers model (UNet or transformer) and train only
-    them; their scaling (alpha / rank)."""
+def make_trainable(module: torch.nn.Module, model_args: ModelArguments) -> float:
+    """Train a diffusers model (UNet or transformer): with `model_args.lora_rank` > 0 only LoRA adapters added on
+    `model_args.lora_target_modules`, returning their scaling (alpha / rank); else all its weights, returning 0."""
+    if model_args.lora_rank == 0:
+        module.requires_grad_(True)
+        return 0.0
     from peft import LoraConfig
 
     module.add_adapter(

@@ -81,11 +81,24 @@ def denoise(
             with torch.no_grad():
                 sample = scheduler.step(predict(sample, timestep), timestep, sample, eta=args.eta).prev_sample
             continue
-        if checkpointed:
-            predicted = checkpoint(predict, sample, timestep, use_reentrant=False)
-        else:
-            predicted = predict(sample, timestep)
-        if on_grad_step is not None:
-            on_grad_step(sample.detach(), timestep, predicted)
+        predicted = predict_with_grad(predict, sample, timestep, checkpointed, on_grad_step)
         sample = scheduler.step(predicted, timestep, sample, eta=args.eta).prev_sample
     return sample
+
+
+def predict_with_grad(
+    predict: NoisePredictor,
+    sample: torch.Tensor,
+    timestep: torch.Tensor,
+    checkpointed: bool,
+    on_grad_step: GradStepHook | None,
+) -> torch.Tensor:
+    """`predict(sample, timestep)` with gradient, recomputed in the backward pass instead of keeping its activations
+    when `checkpointed`; `on_grad_step` sees the step's input (detached), timestep and prediction."""
+    if checkpointed:
+        predicted = checkpoint(predict, sample, timestep, use_reentrant=False)
+    else:
+        predicted = predict(sample, timestep)
+    if on_grad_step is not None:
+        on_grad_step(sample.detach(), timestep, predicted)
+    return predicted

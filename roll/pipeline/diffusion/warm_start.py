@@ -46,23 +46,33 @@ def warm_start_settings(args: WarmStartArguments) -> dict[str, object]:
     return {key: value for key, value in asdict(args).items() if key != "output_dir"}
 
 
-def warm_start_done(args: WarmStartArguments) -> bool:
-    """Whether `args.output_dir` holds a warm start made with exactly these settings."""
+def finished_warm_start(args: WarmStartArguments) -> dict[str, float] | None:
+    """What the warm start in `args.output_dir` recorded (its final losses and seconds) if it was made with exactly
+    these settings, else None."""
     try:
         marker = json.loads((Path(args.output_dir) / WARM_START_MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    return marker.get("settings") == warm_start_settings(args)
+        return None
+    return marker["result"] if marker.get("settings") == warm_start_settings(args) else None
+
+
+def warm_start_done(args: WarmStartArguments) -> bool:
+    """Whether `args.output_dir` holds a warm start made with exactly these settings."""
+    return finished_warm_start(args) is not None
+
+
+def seeded_rng(seed: int) -> random.Random:
+    """A Python random generator seeded with `seed`, after seeding torch's with it too."""
+    torch.manual_seed(seed)
+    return random.Random(seed)
 
 
 def run_warm_start(args: WarmStartArguments) -> dict[str, float]:
     """Train the warm start unless it exists; return its final loss and seconds (0 s when reused)."""
-    out = Path(args.output_dir)
-    if warm_start_done(args):
-        return json.loads((out / WARM_START_MARKER).read_text())["result"]
+    if (finished := finished_warm_start(args)) is not None:
+        return finished
     started = time.perf_counter()
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+    rng = seeded_rng(args.seed)
     parts = load_diffusion_parts(args.base_model)
     unet, text_encoder, scheduler = parts.unet.train(), parts.text_encoder.train(), parts.scheduler
     params = [*unet.parameters(), *text_encoder.parameters()]
