@@ -83,6 +83,10 @@ class AgentRollout:
             self.server.open(session, queue)
         outcomes: list[Outcome] = []
         plays = [partial(self._play, session) for session in self.sessions]
+        # The sessions run_with_deadline starts at once, marked before their threads run: else the first wave could
+        # be served before a slower thread marks its session, without waiting for that session's first call.
+        for session in self.sessions[: self.env.max_concurrency]:
+            session.running = True
         agents = threading.Thread(
             target=lambda: outcomes.extend(
                 run_with_deadline(plays, self.env.agent_timeout_s, self.env.max_concurrency, "roll-agent")
