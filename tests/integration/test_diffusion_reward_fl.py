@@ -25,6 +25,7 @@ from roll.pipeline.diffusion.shapes import all_prompts
 from roll.platforms import get_platform
 from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
+from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
 
@@ -75,11 +76,12 @@ def manager(ray_session: None) -> Iterator[ResourceManager]:
     resources.destroy()
 
 
-def start_actor(manager: ResourceManager, config: RewardFLConfig) -> Cluster:
+def start_actor(pool: HostPool, manager: ResourceManager, config: RewardFLConfig) -> Cluster:
+    """The actor role of `config`, initialised, in pooled worker processes (tests/worker_pool.py)."""
     settings = RewardFLSettings(
         config.reward.name, {}, config.trainable_models, config.sampling, config.regulariser_weight, config.seed
     )
-    cluster = Cluster(config.actor.worker_cls, config.actor, manager)
+    cluster = pool.start(config.actor.worker_cls, config.actor, manager)
     cluster.initialize(settings)
     return cluster
 
@@ -89,7 +91,9 @@ def prompts_batch(count: int) -> DataProto:
     return DataProto.from_dict(tensors=encode_prompts(tokenizer, prompt_splits(all_prompts(), 2)[0][:count]))
 
 
-def test_zero_stages_give_the_same_first_step_loss(manager: ResourceManager, tmp_path: Path) -> None:
+def test_zero_stages_give_the_same_first_step_loss(
+    host_pool: HostPool, manager: ResourceManager, tmp_path: Path
+) -> None:
     losses = {}
     for block in ("deepspeed_zero", "deepspeed_zero2", "deepspeed_zero3"):
         config = actor_config(
@@ -98,7 +102,7 @@ def test_zero_stages_give_the_same_first_step_loss(manager: ResourceManager, tmp
             "batch_size=8",
             f"actor.strategy_args.strategy_config=${{{block}}}",
         )
-        cluster = start_actor(manager, config)
+        cluster = start_actor(host_pool, manager, config)
         try:
             metrics = cluster.reward_fl_step(prompts_batch(8))
         finally:
@@ -110,7 +114,9 @@ def test_zero_stages_give_the_same_first_step_loss(manager: ResourceManager, tmp
     assert losses["deepspeed_zero3"] == pytest.approx(losses["deepspeed_zero"], rel=1e-5)
 
 
-def test_offload_and_reload_of_the_diffusion_states_is_bit_exact(manager: ResourceManager, tmp_path: Path) -> None:
+def test_offload_and_reload_of_the_diffusion_states_is_bit_exact(
+    host_pool: HostPool, manager: ResourceManager, tmp_path: Path
+) -> None:
     # On a CPU host, offloading to host memory frees nothing and is skipped; to disk it moves every state.
     config = actor_config(
         tmp_path,
@@ -118,7 +124,7 @@ def test_offload_and_reload_of_the_diffusion_states_is_bit_exact(manager: Resour
         "actor.strategy_args.offload_device=nvme",
         f"actor.strategy_args.offload_dir={tmp_path / 'offload'}",
     )
-    cluster = start_actor(manager, config)
+    cluster = start_actor(host_pool, manager, config)
     try:
         cluster.reward_fl_step(prompts_batch(4))
         before = cluster.snapshot()[0]
