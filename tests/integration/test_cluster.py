@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.pipeline.cluster_check.cluster_check_config import ClusterCheckConfig
 from roll.pipeline.cluster_check.cluster_check_pipeline import ClusterCheckPipeline
 from roll.platforms import get_platform
+from tests.bare_actors import Peer, Sleeper
 from tests.conftest import RAY_TEST_CPUS, TEST_DEVICES
 
 ECHO = "tests.cluster_workers.EchoWorker"
@@ -93,44 +93,23 @@ def test_non_blocking_calls_overlap(pair: Cluster) -> None:
     assert second.get(timeout=60).batch["rank"].tolist() == [0, 0, 1, 1]
 
 
-def test_colocated_roles_share_device_slots(resource_manager: ResourceManager, pair: Cluster) -> None:
+def test_colocated_roles_share_device_slots_and_gather_is_tensor_parallel_aware(
+    resource_manager: ResourceManager, pair: Cluster
+) -> None:
+    """A 4-rank role beside `pair`: on its 2 slots (ranks 0-1) and on the 2 free ones (ranks 2-3)."""
     free_before = ray.available_resources().get("CPU", 0.0)
-    guest = start("guest", resource_manager, device_mapping="0-1")
-    other = start("other", resource_manager, device_mapping="2-3")
+    tp = start("tp", resource_manager, "tests.cluster_workers.TensorParallelEchoWorker", device_mapping="0-3")
     try:
-        assert guest.whoami() == 0 and other.whoami() == 0
-        pids = {w["pid"] for c in (pair, guest, other) for w in c.describe()}
+        assert tp.whoami() == 0
+        pids = {w["pid"] for c in (pair, tp) for w in c.describe()}
         assert len(pids) == 6
         # Colocation uses the devices already reserved: only slivers of CPU are taken, not new slots.
         assert free_before - ray.available_resources().get("CPU", 0.0) < 0.1
-    finally:
-        guest.shutdown()
-        other.shutdown()
-
-
-def test_gather_is_tensor_parallel_aware(resource_manager: ResourceManager) -> None:
-    cluster = start(
-        "tp",
-        resource_manager,
-        worker_cls="tests.cluster_workers.TensorParallelEchoWorker",
-        device_mapping="0-3",
-    )
-    try:
-        out = cluster.add_rank(DataProto.from_dict(tensors={"x": torch.arange(6)}))
+        out = tp.add_rank(DataProto.from_dict(tensors={"x": torch.arange(6)}))
         assert out.batch["x"].tolist() == list(range(6))
         assert out.batch["rank"].tolist() == [0, 0, 0, 2, 2, 2]  # dp leads are ranks 0 and 2
     finally:
-        cluster.shutdown()
-
-
-def test_role_without_devices_runs_inside_its_reservation(ray_session: None) -> None:
-    with device_less("rewards", world_size=2, num_cpus_per_worker=1.0) as (cluster, manager):
-        assert [e["RANK"] for e in cluster.environment()] == ["0", "1"]
-        assert [e["LOCAL_RANK"] for e in cluster.environment()] == ["0", "1"]
-        # The reservation holds the device slot and both workers' CPUs, and the workers use the latter.
-        assert manager.plan.bundles() == [{"CPU": 3.0}]
-        group = f"CPU_group_{manager.placement_group.id.hex()}"
-        assert ray.available_resources().get(group, 0.0) == pytest.approx(1.0)
+        tp.shutdown()
 
 
 def test_a_cluster_too_small_is_an_error_before_anything_is_reserved(ray_session: None) -> None:
@@ -167,13 +146,16 @@ def test_cluster_check_pipeline_runs_colocated_roles(ray_session: None) -> None:
     assert report["actor_infer"]["dp_ranks_in_order"] == [0, 0, 1, 1]
 
 
-def test_shutdown_closes_every_worker_then_frees_its_cpus(ray_session: None, tmp_path) -> None:
+def test_role_without_devices_runs_inside_its_reservation_and_shutdown_frees_it(ray_session: None, tmp_path) -> None:
     marker = str(tmp_path / "closed-")
     env = {"CLOSED_MARKER": marker}
-    with device_less("closing", "tests.cluster_workers.ClosingWorker", world_size=2, env_vars=env) as (
-        cluster,
-        manager,
-    ):
+    with device_less(
+        "closing", "tests.cluster_workers.ClosingWorker", world_size=2, num_cpus_per_worker=1.0, env_vars=env
+    ) as (cluster, manager):
+        assert [e["RANK"] for e in cluster.environment()] == ["0", "1"]
+        assert [e["LOCAL_RANK"] for e in cluster.environment()] == ["0", "1"]
+        # The reservation holds the device slot and both workers' CPUs, and the workers use the latter.
+        assert manager.plan.bundles() == [{"CPU": 3.0}]
         group = f"CPU_group_{manager.placement_group.id.hex()}"
         # Every rank has answered, so both actors hold their CPU (actors start asynchronously).
         assert cluster.whoami() == 0 and len(cluster.environment()) == 2
@@ -198,30 +180,9 @@ def test_an_actor_that_does_not_exit_in_time_is_killed(ray_session: None) -> Non
     assert time.monotonic() - started < 30
 
 
-class Sleeper:
-    """An actor whose call outlasts the exit deadline."""
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
 def test_a_registered_method_may_not_shadow_the_cluster(ray_session: None) -> None:
     with pytest.raises(TypeError, match=r"ShadowingWorker\.shutdown is registered but Cluster has its own"):
         start("shadow", None, "tests.cluster_workers.ShadowingWorker", world_size=1)  # type: ignore[arg-type]
-
-
-class Peer:
-    """One side of a collective: it dies, or fails as gloo does once its peer is gone."""
-
-    def ready(self) -> None:
-        """Answers once the actor runs."""
-
-    def die_after(self, seconds: float) -> None:
-        time.sleep(seconds)
-        os._exit(1)
-
-    def lose_peer(self) -> None:
-        raise RuntimeError("Connection closed by peer [127.0.0.1]:4736")
 
 
 def test_a_partner_failing_because_a_worker_died_names_the_death(ray_session: None) -> None:
