@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +27,11 @@ from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 VENV_BIN = Path(sys.executable).parent
-CHECK = ["examples/start_cluster_check.py", "devices_per_node=2", "platform=cpu", "rounds=1"]
-PASSED = "cluster check passed: 2 role(s) on 2 device(s)"
+# The lightest roll run that proves a route: the cluster check's two roles on one device, one rank each, one round.
+# Their data-parallel groups across devices and nodes are test_cluster.py's and test_multinode.py's subject.
+ONE_DEVICE = ["devices_per_node=1", "actor_train.device_mapping=0", "actor_infer.device_mapping=0"]
+CHECK = ["examples/start_cluster_check.py", *ONE_DEVICE, "platform=cpu", "rounds=1"]
+PASSED = "cluster check passed: 2 role(s) on 1 device(s)"
 
 
 def free_port() -> int:
@@ -46,17 +50,21 @@ def environment(**extra: str) -> dict[str, str]:
     return env | {"PATH": path, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"} | extra
 
 
-def wait_for_ray(address: str, nodes: int, timeout_s: float = 120) -> None:
-    probe = (
-        f"import ray; ray.init(address='{address}', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
-    )
+def wait_for_head(dashboard_port: int, agent_port: int, timeout_s: float = 120) -> None:
+    """Wait until the head's GCS (asked through its dashboard) and its raylet (through its dashboard agent, the one
+    that takes jobs) answer their health checks: public endpoints, asked over HTTP from this process, where a Python
+    that imports Ray for each try would cost seconds of CPU."""
+    checks = (f"{dashboard_port}/api/gcs_healthz", f"{agent_port}/api/local_raylet_healthz")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=environment())
-        if result.returncode == 0 and int(result.stdout.split()[-1]) >= nodes:
+        try:
+            for check in checks:
+                with urllib.request.urlopen(f"http://127.0.0.1:{check}", timeout=5) as response:
+                    assert response.status == 200
             return
-        time.sleep(2)
-    raise AssertionError(f"Ray at {address} did not come up with {nodes} node(s)")
+        except (OSError, AssertionError):
+            time.sleep(0.5)
+    raise AssertionError(f"the Ray head (dashboard port {dashboard_port}) did not come up")
 
 
 def submit_job(job_server: str, entrypoint: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
@@ -86,9 +94,8 @@ def head() -> Iterator[tuple[str, str]]:
     command.append(f"--dashboard-agent-listen-port={agent}")
     process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        address = f"127.0.0.1:{port}"
-        wait_for_ray(address, 1)
-        yield address, f"http://127.0.0.1:{dashboard}"
+        wait_for_head(dashboard, agent)
+        yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
     finally:
         process.terminate()  # --block stops the node's processes when it is told to end
         process.wait(timeout=60)
