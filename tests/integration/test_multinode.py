@@ -1,11 +1,12 @@
 """Runs on a real multi-node Ray cluster on this machine: raylets of their own, one per node, on loopback IPs.
 
-The module's cluster (`ray.cluster_utils.Cluster`) has a head at 127.0.0.1 without CPUs, where
+The module's cluster (`ray.cluster_utils.Cluster`) has a head at 127.0.0.4 without CPUs, where
 drivers connect, and two nodes of 2 CPUs at 127.0.0.2 and 127.0.0.3, so every rank runs on a node
 other than its driver's. Each scenario's driver is a subprocess with RAY_ADDRESS set to the cluster:
 either an entry point (`examples/start_*.py`) or this file run as a script
 (`python -m tests.integration.test_multinode <scenario> ...`, which prints what the test asserts
 on as JSON), so the session's embedded Ray (tests/conftest.py) and this cluster never share a process.
+A driver that only holds a node's CPUs is tests/placement_holder.py, which imports nothing but Ray.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import pytest
 
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 from tests.pipeline_runs import logged_metrics
-from tests.rlvr_runs import FAST, ONE_RANK, PARITY_REWARD
 
 pytestmark = pytest.mark.slow
 
@@ -34,18 +34,24 @@ NODE_IPS = ("127.0.0.2", "127.0.0.3")
 NODE_CPUS = 2
 RESULT = "scenario result: "  # Ray forwards workers' output to the driver's too: the result line is marked
 
-# A short RLVR run across both nodes: actor_train and reference colocated on device 0 (node 0), actor_infer
-# alone on device 1 (node 1), so every weight sync crosses nodes over the broadcast group. The tiny model
-# scores 0 on arithmetic; a parity reward gives its samples different scores, hence gradients.
-RLVR_ACROSS_NODES = [
-    *FAST,
-    *ONE_RANK,
-    "num_nodes=2",
-    "actor_infer.device_mapping=1",
-    PARITY_REWARD,
-    "eval_batch_size=8",
-    "eval_steps=100",
-]
+
+def rlvr_across_nodes() -> list[str]:
+    """A short RLVR run across both nodes: actor_train and reference colocated on device 0 (node 0), actor_infer
+    alone on device 1 (node 1), so every weight sync crosses nodes over the broadcast group. The tiny model scores
+    0 on arithmetic; a parity reward gives its samples different scores, hence gradients."""
+    # Imported here, not with the module: tests.rlvr_runs loads the RLVR pipeline (seconds of CPU), which the
+    # ranks scenario's driver, importing this module, does not need.
+    from tests.rlvr_runs import FAST, ONE_RANK, PARITY_REWARD
+
+    return [
+        *FAST,
+        *ONE_RANK,
+        "num_nodes=2",
+        "actor_infer.device_mapping=1",
+        PARITY_REWARD,
+        "eval_batch_size=8",
+        "eval_steps=100",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +116,7 @@ def test_rlvr_syncs_weights_across_nodes(ray_address: str, tmp_path: Path) -> No
     # A restart reads the checkpoint the same way whatever the placement: test_rlvr_pipeline.py and
     # test_worker_death.py resume runs.
     run = driver(
-        ray_address, "examples/start_rlvr_pipeline.py", *RLVR_ACROSS_NODES, f"output_dir={tmp_path}", "max_steps=2"
+        ray_address, "examples/start_rlvr_pipeline.py", *rlvr_across_nodes(), f"output_dir={tmp_path}", "max_steps=2"
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = logged_metrics(tmp_path / "rlvr")
@@ -128,7 +134,7 @@ def test_a_cluster_too_small_fails_at_once_naming_roles_nodes_and_fix(ray_addres
     result = driver(
         ray_address,
         "examples/start_rlvr_pipeline.py",
-        *RLVR_ACROSS_NODES,
+        *rlvr_across_nodes(),
         "cpus_per_device=2",
         f"output_dir={tmp_path}",
     )
@@ -160,7 +166,7 @@ def test_a_reservation_held_elsewhere_ends_after_placement_timeout_then_fits(ray
         "platform=cpu",
     ]
     holder = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.test_multinode", "hold", "node_a"],
+        [sys.executable, "-m", "tests.placement_holder", "node_a", str(NODE_CPUS)],
         cwd=REPO_ROOT,
         env={**os.environ, "RAY_ADDRESS": ray_address},
         stdout=subprocess.PIPE,
@@ -227,20 +233,5 @@ def ranks_scenario() -> dict:
     return ranks
 
 
-def hold_scenario(resource: str) -> None:
-    """Reserve all CPUs of the node with custom resource `resource` and keep them until killed."""
-    import ray
-    from ray.util.placement_group import placement_group
-
-    ray.init(address=os.environ["RAY_ADDRESS"])
-    group = placement_group([{"CPU": float(NODE_CPUS), resource: 1.0}])
-    ray.get(group.ready(), timeout=60)
-    print("holding", flush=True)
-    time.sleep(600)
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "hold":
-        hold_scenario(sys.argv[2])
-    else:
-        print(RESULT + json.dumps({"ranks": ranks_scenario}[sys.argv[1]](), default=str), flush=True)
+    print(RESULT + json.dumps({"ranks": ranks_scenario}[sys.argv[1]](), default=str), flush=True)
