@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.in_process import run_in_process
 from tests.pipeline_runs import config_error_of, logged_metrics
 
 SFT = "examples/start_sft_pipeline.py"
@@ -77,11 +78,9 @@ def test_each_job_of_a_sweep_keeps_its_own_outputs(tmp_path) -> None:
         assert (job / "model" / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "nothing may land in the working directory"
     # The sweep's comparison, from the run's folder (its latest sweep): one row per job, then the seeds' mean
-    # and spread, and a plot per metric.
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    compared = subprocess.run(
-        ["roll-sweep-report", str(sweep.parent)], env=env, capture_output=True, text=True, timeout=120
-    )
+    # and spread, and a plot per metric. Run in this process through its console script's function, which saves
+    # a Python start; roll-sft above is the console-script route in a process of its own.
+    compared = run_in_process(["roll-sweep-report", str(sweep.parent)], tmp_path)
     assert compared.returncode == 0, compared.stderr[-3000:]
     table = (sweep / "sweep_report.md").read_text()
     accuracies = [[row["val/accuracy"] for row in logged_metrics(job) if "val/accuracy" in row] for job in jobs]
