@@ -28,6 +28,8 @@ RAY_TEST_CPUS = 8
 TEST_DEVICES = 4
 # Ray returns a killed actor's or a removed placement group's resources asynchronously, within seconds.
 RELEASE_WAIT_S = 60
+# The session's host pool once a test asked for it (at most one).
+_POOLS: list[HostPool] = []
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +50,9 @@ def host_pool(ray_session: None) -> Iterator[HostPool]:
     from tests.worker_pool import HostPool
 
     pool = HostPool()
+    _POOLS.append(pool)  # for host_pool_trimmed_after_file: a fixture may not be requested during teardown
     yield pool
+    _POOLS.remove(pool)
     pool.close()
 
 
@@ -67,8 +71,9 @@ def resource_manager(ray_session: None) -> Iterator[ResourceManager]:
 def host_pool_trimmed_after_file(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a file whose tests used the host pool: its hosts must be clean, and only the ones most files use stay."""
     yield
-    if any("host_pool" in item.fixturenames for item in request.session.items if item.module is request.module):
-        request.getfixturevalue("host_pool").trim()
+    used = any("host_pool" in item.fixturenames for item in request.session.items if item.module is request.module)
+    if used and _POOLS:
+        _POOLS[0].trim()
 
 
 @pytest.fixture(scope="module", autouse=True)
