@@ -20,7 +20,8 @@ from roll.pipeline.agentic.env_workers import EnvWorkers
 from roll.pipeline.agentic.multi_turn import MultiTurnRollout
 from tests.unit.test_multi_turn import ScriptedEngine
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+# One shared rollout (two env-worker actors, the driver's twin) costs 30-70 s on 2 cores: slow, by the tiers' rule.
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
 # A dotted path: the actors import it themselves (a name registered in this process is unknown to them).
 GUESS = "roll.envs.builtin.guess_number.GuessNumberEnv"
