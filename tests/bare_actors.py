@@ -11,6 +11,7 @@ class Sleeper:
     """An actor whose call outlasts the exit deadline."""
 
     def sleep(self, seconds: float) -> None:
+        """Return after `seconds`."""
         time.sleep(seconds)
 
 
@@ -21,8 +22,10 @@ class Peer:
         """Answers once the actor runs."""
 
     def die_after(self, seconds: float) -> None:
+        """End the actor's process after `seconds`, as a crash does."""
         time.sleep(seconds)
         os._exit(1)
 
     def lose_peer(self) -> None:
+        """Fail with gloo's error for a peer that is gone."""
         raise RuntimeError("Connection closed by peer [127.0.0.1]:4736")
