@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoTokenizer
@@ -106,7 +105,9 @@ class RewardFLPipeline(TrainingRunPipeline):
         # Train metrics are already averaged over ranks by the strategy: rank 0 speaks for all.
         return {f"actor/{key}": value for key, value in metrics.items()} | timings
 
-    def group_rollouts(self, timings: dict[str, float]) -> tuple[DataProto, Any, torch.Tensor, torch.Tensor]:
+    def group_rollouts(
+        self, timings: dict[str, float]
+    ) -> tuple[DataProto, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """`policy.group_size` stochastic samples per prompt of the next batch: the encoded prompts, the actor's
         rollouts, their rewards and the rewards normalised within each prompt's group (GRPO's advantage)."""
         group = self.config.policy.group_size
