@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from roll.configs.data_config import DataArguments
 from roll.distributed.scheduler.protocol import DataProto
@@ -18,6 +19,7 @@ from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_session import AgentSession
 from roll.pipeline.agentic.agent_tasks import DataRow, DataTasks
 from roll.pipeline.agentic.agentic_config import DEFAULT_ENV
+from roll.pipeline.agentic.endpoint_template import plain_chat_template
 from roll.pipeline.agentic.env_rollout import cluster_generate
 from roll.pipeline.agentic.mixed_rollout import MixedRollout
 from roll.pipeline.agentic.observations import ObservationEncoder
@@ -60,6 +62,7 @@ class AgentRun:
     algorithm: Any
     data: DataRun
     mixed: tuple[DataProto, dict[str, float], list[AgentSession]]  # the batch, metrics and the agent's sessions
+    export_dir: str  # the policy the run exported
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,7 @@ def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ag
         config.algorithm,
         DataRun(data_batch, data_rollout.sessions, [tasks.row(seed) for seed in [0, 0, 1, 1]], pipeline.tokenizer),
         (mixed_batch, mixed_metrics, mixed.agents["calc"].sessions),
+        config.model_export_dir,
     )
 
 
@@ -253,3 +257,13 @@ def test_an_agent_source_and_an_environment_source_in_one_batch(agent_run: Agent
             sampled = int(batch.batch["response_mask"][row].sum())
             assert (prompt, batch.batch["responses"][row, :sampled].tolist()) in agent_run.engine_rows
     assert metrics["rollout/calc/agent_calls_per_episode"] >= 1 and "rollout/echo/success" in metrics
+
+
+def test_the_export_carries_the_chat_template_the_endpoint_rendered(agent_run: AgentRun) -> None:
+    # The run trains in the plain layout with bracket calls: a server of the export renders it
+    # (tests/unit/test_endpoint_template.py checks that rendering against the trained ids).
+    exported = AutoTokenizer.from_pretrained(agent_run.export_dir)
+    assert exported.chat_template == plain_chat_template(("<", ">"))
+    first_call = [{"role": "system", "content": "Multiply."}, {"role": "user", "content": "37*48=?"}]
+    rendered = exported.apply_chat_template(first_call, tokenize=False, add_generation_prompt=True)
+    assert rendered == "Multiply.\n37*48=?\n"

@@ -8,6 +8,7 @@ through `roll.distributed.weight_sync.colocated.hand_over`).
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import ray
@@ -88,12 +89,17 @@ class StrategyWorker(Worker):
         return self.strategy.load_checkpoint(load_dir, tag)
 
     @register(Dispatch.ONE_TO_ALL)
-    def export_hf(self, output_dir: str) -> str:
-        """Write a Hugging Face model directory (and the tokenizer, or a vision-language model's whole processor)."""
+    def export_hf(self, output_dir: str, chat_template: str | None = None) -> str:
+        """Write a Hugging Face model directory (and the tokenizer, or a vision-language model's whole processor),
+        the tokenizer with `chat_template` instead of its own when given (the agent endpoint's layout)."""
         path = self.strategy.export_hf(output_dir)
         if self.rank == 0:
             processor = processor_for(self.worker_config.model_args.model_name_or_path)
-            (processor or self.tokenizer).save_pretrained(path)
+            saved = processor or self.tokenizer
+            if chat_template is not None:
+                saved = copy.copy(saved)  # the worker's own tokenizer keeps its template
+                saved.chat_template = chat_template
+            saved.save_pretrained(path)
         return path
 
     # ---- weight sync ------------------------------------------------------------------------

@@ -5,7 +5,8 @@ choices), then new turns (tool results, a user turn), *extends* the segment: its
 far, the chosen choice's sampled ids, and the new turns encoded on their own (`ObservationEncoder.next_messages`).
 The history is never re-tokenised, so the ids trained on are the ids the engine saw and sampled. Any other call
 (a summary, a truncation, an edited turn) *rewrote* the history and starts a new segment, its prompt the whole
-conversation rendered anew.
+conversation rendered anew. Prompts are rendered by the policy's chat template with `env.apply_chat_template`, else
+by the plain layout's (`endpoint_template`), the template the export carries.
 
 Budgets: a segment's first prompt holds at most `max_prompt_tokens` (env.max_observation_tokens) and its
 response (sampled and appended ids) at most `max_response_tokens` (env.max_trajectory_tokens); an episode makes at
@@ -23,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from roll.configs.worker_config import GeneratingArguments
 from roll.pipeline.agentic.chat_api import ApiError, ChatRequest, assistant_message, completion_body, invalid
+from roll.pipeline.agentic.endpoint_template import plain_chat_template
 from roll.pipeline.agentic.observations import ObservationEncoder
 
 
@@ -114,6 +116,8 @@ class AgentSession:
         self.base_args = base_args
         self.limits = limits
         self.tool_brackets = tool_brackets
+        # Without the policy's template, the plain layout as a template: what the export's tokenizer renders.
+        self.template = None if chat_template else plain_chat_template(tool_brackets)
         self.calls: list[Call] = []
         self.segments: list[Segment] = []
         self.rejected = 0  # calls answered with an error
@@ -124,7 +128,7 @@ class AgentSession:
         """The prompt ids and sampling settings of `request`; ApiError when it exceeds a budget."""
         if len(self.calls) >= self.limits.max_calls:
             raise invalid(f"this episode made its {self.limits.max_calls} calls (env.max_turns)", code="call_limit")
-        encoder = ObservationEncoder(self.tokenizer, self.chat_template, request.tools)
+        encoder = ObservationEncoder(self.tokenizer, True, request.tools, template=self.template)
         segment = self.segments[-1] if self.segments else None
         extended = _extension(segment, request.messages)
         if segment is not None and extended is not None:

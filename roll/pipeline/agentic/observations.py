@@ -43,7 +43,8 @@ class EncodedObservation:
 
 class ObservationEncoder:
     """Token ids of observations for `tokenizer`, plain text or through its chat template with `tools` (function
-    schemas; none by default); a vision-language policy's `processor` encodes observations with images."""
+    schemas; none by default); a vision-language policy's `processor` encodes observations with images. `template`
+    is a chat template rendered instead of the tokenizer's (the agent endpoint's plain layout)."""
 
     def __init__(
         self,
@@ -51,13 +52,15 @@ class ObservationEncoder:
         chat_template: bool,
         tools: Sequence[dict[str, Any]] = (),
         processor: ProcessorMixin | None = None,
+        template: str | None = None,
     ) -> None:
-        if chat_template and not getattr(tokenizer, "chat_template", None):
+        if chat_template and not template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("env.apply_chat_template is true but the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.tools = list(tools)
         self.processor = processor
+        self.template = template  # a chat template rendered instead of the tokenizer's own
 
     def encode_first(self, observation: Observation) -> EncodedObservation:
         """`first` for an observation of text or of text and image parts."""
@@ -92,14 +95,19 @@ class ObservationEncoder:
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """`messages` rendered by the chat template as text, with the tools."""
         return self.tokenizer.apply_chat_template(
-            list(messages), tools=self.tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+            list(messages),
+            tools=self.tools or None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self.template,
         )
 
     def renders_tools(self) -> bool:
         """Whether the chat template writes the tools into the prompt (a template without `tools` ignores them)."""
         messages = [{"role": "user", "content": _USER}]
         with_tools = self.render(messages, add_generation_prompt=True)
-        return bool(self.tools) and with_tools != ObservationEncoder(self.tokenizer, True).render(messages, True)
+        without_tools = ObservationEncoder(self.tokenizer, True, template=self.template).render(messages, True)
+        return bool(self.tools) and with_tools != without_tools
 
     def first(self, observation: str) -> list[int]:
         """The ids of the episode's first observation (the prompt)."""

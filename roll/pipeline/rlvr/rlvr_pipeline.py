@@ -21,6 +21,7 @@ from roll.models.model_providers import load_tokenizer
 from roll.models.processors import processor_for
 from roll.models.tiny import resolve_model_path
 from roll.models.vision_inputs import IMAGE_KEYS
+from roll.pipeline.agentic.endpoint_template import export_chat_template
 from roll.pipeline.agentic.env_rollout import EnvRollouts, EpisodeSeeds
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.evaluation import answer_scorer, greedy_accuracy
@@ -548,7 +549,9 @@ class RLVRPipeline(BasePipeline):
                 raise Preempted(step, saved or self.save(step, accuracies))
         self.save(config.max_steps, accuracies)
         self.residency.enter(phases.ACTOR_UPDATE)
-        export_dir = self.clusters["actor_train"].export_hf(config.model_export_dir)[0]
+        # Agents trained through the endpoint: the export renders their prompts as the endpoint did.
+        template = export_chat_template(config.env)
+        export_dir = self.clusters["actor_train"].export_hf(config.model_export_dir, template)[0]
         plots = tracker.close()
         summary = {"val_accuracy_before": accuracies[0], "val_accuracy_after": accuracies[-1]}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
