@@ -325,6 +325,8 @@ MEASUREMENTS = (
     "python benchmarks/diffusion_memory.py --malloc-threshold",
     "python benchmarks/diffusion_memory.py --steps 2 --malloc-threshold",
     "python benchmarks/memory_estimate.py --malloc dynamic",
+    # An agent run's export served by vLLM and scored (docs/agentic.md, serving the export).
+    "python examples/agents/score_served.py output/agentic_calculator_agent",
     *(
         f"THP_MEM_ALLOC_ENABLE={thp} {python} benchmarks/offload_bandwidth.py --params-millions 64 --repeats 7 "
         f"--threads 1{write}"

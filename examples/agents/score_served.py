@@ -6,9 +6,9 @@ it is healthy, plays the agent (`env.agent`, unchanged) on the run's held-out ta
 by the task as in training) with its `base_url` pointing at the server, and prints the served success rate beside
 the last `val/accuracy` in the run's logs/metrics.jsonl. The export renders prompts as the endpoint did (its
 tokenizer carries the endpoint's chat template), and the server reads tool calls as the endpoint does
-(`roll/pipeline/agentic/served_tool_parser.py`). Run from the repository, the agent's folder importable:
+(`roll/pipeline/agentic/served_tool_parser.py`). The agent is imported from this folder (or the PYTHONPATH):
 
-    PYTHONPATH=examples/agents python examples/agents/score_served.py output/agentic_calculator_agent
+    python examples/agents/score_served.py output/agentic_calculator_agent
 """
 
 from __future__ import annotations
