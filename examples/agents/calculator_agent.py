@@ -3,9 +3,11 @@
 It asks the model to multiply, offers a `calc` tool, runs the calls the model makes and gives the results back,
 until the model answers without a call (or `MAX_TURNS` is reached), and returns that answer. roll trains it by
 pointing its client at the rollout's endpoint (`env.agent: calculator_agent.calculator_agent`,
-examples/config/agentic_calculator_agent.yaml); the same file runs unchanged against `vllm serve` of the export:
+examples/config/agentic_calculator_agent.yaml); the same file runs unchanged against `vllm serve` of the export,
+with roll's tool-call parser for the `<calc 12*34>` calls (examples/agents/score_served.py starts that server and
+scores the held-out tasks; docs/agentic.md, serving the export):
 
-    python examples/agents/calculator_agent.py --base-url http://127.0.0.1:8000/v1 --model output/model "37*48=?"
+    python examples/agents/calculator_agent.py --base-url http://127.0.0.1:8011/v1 "37*48=?"
 """
 
 from __future__ import annotations
