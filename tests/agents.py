@@ -28,6 +28,12 @@ def reset() -> None:
         _started.clear()
 
 
+def started_episodes() -> dict[str, int]:
+    """How many episodes of each task started in this process since `reset`."""
+    with _lock:
+        return dict(_started)
+
+
 class EchoTask:
     """`task <seed>`; a final answer scores 1 when its length is odd."""
 

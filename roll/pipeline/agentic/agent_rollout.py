@@ -1,8 +1,9 @@
 """Episodes played by a user's agent (`env.agent`) through the OpenAI-compatible endpoint, as one rollout batch.
 
 Each episode: its task is an environment of `env.name` reset with the episode's seed, or a row of the data
-(`agent_tasks`); the agent runs in a thread of the driver with a client whose `base_url` names the episode's
-session, and returns its reward or a final answer the task scores (the environment's `step`, or `env.reward_fn`).
+(`agent_tasks`); the agent runs in a thread of the driver, or with `env.num_env_workers` in an env-worker actor
+(`agent_workers`), with a client whose `base_url` names the episode's session, and returns its reward or a final
+answer the task scores (the environment's `step`, or `env.reward_fn`).
 Meanwhile the calling thread generates the agents' calls in waves (`GenerationQueue`). An agent that raises,
 returns garbage, makes no call or is still running after `env.agent_timeout_s` ends only its own episode: it is
 marked `reward_failed`, so its group's statistics and the loss leave it out, and its later calls get unknown-session
@@ -32,9 +33,10 @@ from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.envs.deadline import Outcome, run_with_deadline
 from roll.envs.protocol import ENV_ERROR, TOOL_CALLS
-from roll.pipeline.agentic.agent_runner import as_reward, load_agent, run_agent
+from roll.pipeline.agentic.agent_runner import load_agent, play_episode
 from roll.pipeline.agentic.agent_session import AgentSession, Segment, SessionLimits
-from roll.pipeline.agentic.agent_tasks import AgentTask, task_maker
+from roll.pipeline.agentic.agent_tasks import AgentTask, DataRow, DataTask, task_maker
+from roll.pipeline.agentic.agent_workers import AgentWorkers
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.generation_queue import Generate, GenerationQueue
@@ -70,19 +72,22 @@ class AgentRollout:
         self.with_engine_log_probs = with_engine_log_probs
         self.stop_ids = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
         self.sessions: list[AgentSession] = []  # the last run's, for its calls and segments
+        self.workers = AgentWorkers(env) if env.num_env_workers else None  # else the agents run in driver threads
 
     def run(
         self, generate: Generate, seeds: Sequence[int], generating_args: GeneratingArguments, base_seed: int
     ) -> tuple[DataProto, dict[str, float]]:
         """Play one episode per seed (repeat a seed for a GRPO group); return the batch and the rollout metrics."""
         self.server.start()
+        if self.workers is not None:
+            self.workers.start()
         queue = GenerationQueue(self.pad_id, self.stop_ids, self.with_engine_log_probs)
         args = _turn_args(generating_args, base_seed)
         self.sessions = [self._session(seed, args) for seed in seeds]
         for session in self.sessions:
             self.server.open(session, queue)
         outcomes: list[Outcome] = []
-        plays = [partial(self._play, session) for session in self.sessions]
+        plays = [partial(self._play, episode, session) for episode, session in enumerate(self.sessions)]
         # The sessions run_with_deadline starts at once, marked before their threads run: else the first wave could
         # be served before a slower thread marks its session, without waiting for that session's first call.
         for session in self.sessions[: self.env.max_concurrency]:
@@ -101,6 +106,10 @@ class AgentRollout:
             agents.join()
             for session in self.sessions:
                 self.server.close_session(session.session_id)
+        if self.workers is not None:
+            for episode, outcome in enumerate(outcomes):
+                if outcome.timed_out:
+                    self.workers.mark_hung(episode)
         played = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
         episodes = [episode for episode, _ in played]
         failed = [episode.error for episode in episodes if episode.error]
@@ -124,19 +133,27 @@ class AgentRollout:
             session_id, seed, self.tokenizer, env.apply_chat_template, self.stop_ids, args, limits, brackets
         )
 
-    def _play(self, session: AgentSession) -> tuple[str, float, float]:
-        """One episode: its task, the agent, the reward; (the task's text, reward, success)."""
+    def _play(self, episode: int, session: AgentSession) -> tuple[str, float, float]:
+        """Episode `episode` of the batch: its task, the agent, the reward; (the task's text, reward, success)."""
         session.running = True
-        task = None
         try:
-            task = self.tasks(session.seed)
             url = self.server.base_url(session.session_id)
-            result = run_agent(self.agent, task.task, url, self.server.api_key, self.env.agent_timeout_s)
-            return (task.prompt, *as_reward(result, task.score))
+            if self.workers is not None:
+                row = self._data_row(session.seed)
+                return self.workers.play(episode, session.seed, row, url, self.server.api_key)
+            task = self.tasks(session.seed)
+            return play_episode(self.agent, task, url, self.server.api_key, self.env.agent_timeout_s)
         finally:
             session.running = False
-            if task is not None:
-                task.close()
+
+    def _data_row(self, seed: int) -> DataRow | None:
+        """The data row `seed`'s episode plays, sent to its actor; None for an environment's task, which the actor
+        builds itself."""
+        if self.env.agent_task != "data":
+            return None
+        task = self.tasks(seed)
+        assert isinstance(task, DataTask)
+        return task.row
 
     def _episode(self, session: AgentSession, outcome: Outcome) -> tuple[Episode, list[Episode]]:
         """The episode (its metrics) and its trained rows, one per segment; a failed one marked with its error and
@@ -166,6 +183,11 @@ class AgentRollout:
             sampled = [i for i, m in enumerate(segment.loss_mask) if m]
             row.turn_rewards = [(sampled[-1] if sampled else 0, reward)]
         return row
+
+    def close(self) -> None:
+        """End the env-worker actors, if the agents run in any (a task closes with its episode)."""
+        if self.workers is not None:
+            self.workers.close()
 
     def _agent_metrics(self, outcomes: list[Outcome], rows: int) -> dict[str, float]:
         count = len(self.sessions)

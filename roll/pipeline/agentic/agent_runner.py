@@ -66,6 +66,15 @@ async def _run_async(agent: AgentFn, task: Any, options: dict[str, Any]) -> Any:
         return await agent(task, client)
 
 
+def play_episode(agent: AgentFn, task: Any, base_url: str, api_key: str, timeout_s: float) -> tuple[str, float, float]:
+    """One episode of `task` (an `agent_tasks.AgentTask`, closed after it): (the task's text, reward, success)."""
+    try:
+        result = run_agent(agent, task.task, base_url, api_key, timeout_s)
+        return (task.prompt, *as_reward(result, task.score))
+    finally:
+        task.close()
+
+
 def as_reward(result: Any, score: Callable[[str], tuple[float, float]]) -> tuple[float, float]:
     """(reward, success) of what an agent returned: a number is the reward (success when positive), a string
     the final answer `score` judges; TypeError for anything else."""

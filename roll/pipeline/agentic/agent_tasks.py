@@ -104,7 +104,7 @@ class DataTasks:
     def __init__(self, train: list[DataRow], held_out: list[DataRow], env: EnvArguments) -> None:
         self.train, self.held_out = train, held_out
         self.eval_seed_offset = env.eval_seed_offset
-        self.reward_fn = _reward_fn(env.reward_fn)
+        self.reward_fn = reward_fn_of(env.reward_fn)
 
     @classmethod
     def load(cls, data: DataArguments, env: EnvArguments) -> DataTasks:
@@ -148,7 +148,8 @@ def _row(row: dict[str, Any], system_prompt: str) -> DataRow:
     return DataRow(messages[0]["content"] if single else messages, prompt, row["answer"])
 
 
-def _reward_fn(dotted: str) -> Callable[[str, str, str], float]:
+def reward_fn_of(dotted: str) -> Callable[[str, str, str], float]:
+    """The reward function `env.reward_fn` names; ConfigError naming the field when it does not import."""
     try:
         return import_reward_fn(dotted)
     except ValueError as exc:

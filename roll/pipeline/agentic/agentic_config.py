@@ -125,8 +125,11 @@ class EnvArguments:
             *(line for block in self.source_envs().values() for line in block._describe_tools()),
             *(
                 [
-                    f"env {label}: each episode played by the agent {self.agent} through the OpenAI-compatible "
-                    f"endpoint on 127.0.0.1, {self.max_concurrency} at once, {self.agent_timeout_s:g} s each"
+                    f"env {label}: each episode played by the agent {self.agent} "
+                    + ("in the driver" if not self.num_env_workers else "in the env-worker actors")
+                    + " through the OpenAI-compatible endpoint on "
+                    + ("127.0.0.1" if not self.num_env_workers else "the driver node's address")
+                    + f", {self.max_concurrency} at once, {self.agent_timeout_s:g} s each"
                     + (f"; its final answer scored by {self.reward_fn}" if self.agent_task == "data" else "")
                 ]
                 if self.agent
@@ -237,15 +240,10 @@ class EnvArguments:
         return self.agent is not None or any(source.agent for source in self.sources)
 
     def _check_agent(self) -> None:
-        """The agent imports and takes (task, client); it runs in the driver, beside the endpoint."""
+        """The agent imports and takes (task, client)."""
         from roll.pipeline.agentic.agent_runner import load_agent
 
         load_agent(self.agent or "", "env.agent")
-        if self.num_env_workers:
-            raise ConfigError(
-                f"env.agent={self.agent} runs its episodes in the driver, beside the endpoint; "
-                f"set env.num_env_workers=0 (it is {self.num_env_workers})"
-            )
 
     def _check_builds(self) -> None:
         """Build one environment and close it: a constructor that raises, or rejects `kwargs`, would otherwise fail

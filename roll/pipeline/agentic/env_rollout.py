@@ -18,6 +18,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.models.processors import processor_for
 from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_tasks import task_maker
+from roll.pipeline.agentic.agent_workers import endpoint_host
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.mixed_rollout import MixedRollout
@@ -82,7 +83,7 @@ class EnvRollouts:
         # stop_ids: the ids generation stops on (the policy's generation config's EOS list), ending a turn.
         # With env.agent, the user's agent plays the episodes through the endpoint both rollouts share, its tasks
         # an environment's or (env.agent_task=data) the rows of `data`.
-        self.server = ChatServer() if env.has_agents() else None
+        self.server = ChatServer(endpoint_host(env)) if env.has_agents() else None
         self.agent_tasks = task_maker(env, data) if env.agent else None
         self.rollout = self._rollout(tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.greedy_rollout = self._rollout(tokenizer, pad_id, False, stop_ids)
@@ -145,8 +146,7 @@ class EnvRollouts:
         if self.server is not None:
             self.server.close()
         for rollout in (self.rollout, self.greedy_rollout):
-            if not isinstance(rollout, AgentRollout):  # an agent's tasks close with their episodes
-                rollout.close()
+            rollout.close()
 
 
 def held_out_metrics(greedy: dict[str, float], sampled: dict[str, float], sources: list[str]) -> dict[str, float]:

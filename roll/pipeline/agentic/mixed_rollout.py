@@ -90,8 +90,11 @@ class MixedRollout:
         return joined[order], combined_metrics([(metrics, len(positions)) for _, metrics, positions in parts])
 
     def close(self) -> None:
-        """Close the environments of the environment sources (the agents' tasks close with their episodes)."""
+        """Close the environments of the environment sources, and the agents' env workers (their tasks close with
+        their episodes)."""
         self.environments.close()
+        for agent in self.agents.values():
+            agent.close()
 
 
 def _prefixed(metrics: dict[str, float], source: str) -> dict[str, float]:
