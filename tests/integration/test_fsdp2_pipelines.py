@@ -1,5 +1,5 @@
 """RLVR and SFT end to end with actor_train on fsdp2_train, swapped in by the overrides a user writes, and its weight
-sync on both routes."""
+sync on both routes (full weights, and LoRA adapters merged)."""
 
 from __future__ import annotations
 
@@ -53,10 +53,11 @@ def test_sft_trains_and_exports_from_fsdp2(ray_session: None, tmp_path: Path) ->
     assert type(exported).__name__ == "Qwen2ForCausalLM"
 
 
-def test_weights_stream_from_the_shards_on_either_route(host_pool: HostPool, tmp_path: Path) -> None:
-    """The trainer's full weights, gathered from its shards, reach an hf_infer role on its devices in memory and over
-    a forced broadcast: after each sync it computes what the trainer computes (and the trainer's own synced
-    generation gives the samples)."""
+@pytest.mark.parametrize("lora_rank", [0, 8])
+def test_weights_stream_from_the_shards_on_either_route(host_pool: HostPool, tmp_path: Path, lora_rank: int) -> None:
+    """The trainer's full weights, gathered from its shards (with LoRA: the adapters merged into them), reach an
+    hf_infer role on its devices in memory and over a forced broadcast: after each sync it computes what the trainer
+    computes (and the trainer's own synced generation gives the samples)."""
     model_path = str(make_tiny_model(tmp_path / "tiny"))
     encoded = load_tokenizer(model_path)([f"{a}+{b * 3}=" for a in range(4) for b in range(2)], padding=True)
     prompts = DataProto.from_dict(tensors={k: torch.tensor(encoded[k]) for k in ("input_ids", "attention_mask")})
@@ -65,6 +66,7 @@ def test_weights_stream_from_the_shards_on_either_route(host_pool: HostPool, tmp
         "actor_train": role("actor_train", "fsdp2_train", "0-1", model_path, {}),
         "hf_infer": role("hf_infer", "hf_infer", "0-1", model_path),
     }
+    configs["actor_train"].model_args.lora_rank = lora_rank
     with started(configs, manager, host_pool) as roles:
         for method, route in (("auto", "sync/colocated_bytes"), ("broadcast", "sync/broadcast_bytes")):
             train_step(roles, prompts)

@@ -3,7 +3,8 @@
 One run per backend of the real actor (`ActorWorker`): three RLVR actor updates (the PPO loss, token-mean over the
 global step, rows of different lengths on the two ranks), then three SFT updates, then the HF export. FSDP2's run
 also saves a checkpoint after the RLVR updates and offloads its states to disk and back; one rank resumes from the
-checkpoint.
+checkpoint. The same two backends then train LoRA adapters (PEFT) on the RLVR actor loss: the same losses, gradient
+norms and merged export; FSDP2's LoRA run also checkpoints, offloads and resumes in between.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from roll.configs.algorithm_config import AlgorithmArguments
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.strategy.hf_compute import position_ids_from_mask
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
+from roll.utils.functionals import response_log_probs
 from tests.conftest import CONFIG_DIR
 from tests.integration.test_deepspeed_strategy import start_role
 from tests.padded_rollouts import padded_rollout
@@ -187,3 +191,94 @@ def test_bf16_with_cpu_offload_and_checkpointing_follows_fp32(
     finally:
         cluster.shutdown()
     assert losses == pytest.approx(runs["fsdp2"].actor_losses, abs=2e-3)  # 3e-4 apart when written
+
+
+@dataclass(frozen=True)
+class LoraRun:
+    """One backend's three RLVR actor updates of LoRA adapters, its log-probs after them and its merged export; FSDP2's
+    run also holds the third update repeated after resuming from the checkpoint written before it."""
+
+    actor_losses: list[float]
+    actor_grad_norms: list[float]
+    log_probs: torch.Tensor
+    export_dir: Path
+    resumed_loss: float | None
+
+
+def lora_run(
+    pool: HostPool, manager: ResourceManager, model_path: str, rollout: DataProto, block: str, out: Path
+) -> LoraRun:
+    """Rank-8 adapters on the attention projections. On FSDP2: a checkpoint after two updates, every state to the spill
+    file and back, the third update, then the checkpoint loaded and the third update repeated before the export (so
+    the export is also what the resumed run trained)."""
+    fsdp2 = block == "fsdp2"
+    cluster = start(pool, manager, model_path, block, str(out / "spill") if fsdp2 else "", lora_rank=8)
+    try:
+        actor = [cluster.train_step(rollout, ALGORITHM)[0] for _ in range(2)]
+        if fsdp2:
+            cluster.save_checkpoint(str(out / "checkpoints"), "lora2")
+            offload_round_trip(cluster, rollout)
+        actor.append(cluster.train_step(rollout, ALGORITHM)[0])
+        resumed = None
+        if fsdp2:
+            cluster.load_checkpoint(str(out / "checkpoints"))
+            resumed = cluster.train_step(rollout, ALGORITHM)[0]["loss"]
+        log_probs = cluster.compute_log_probs(rollout).batch["log_probs"]
+        cluster.export_hf(str(out / "hf"))
+    finally:
+        cluster.shutdown()
+    return LoraRun([m["loss"] for m in actor], [m["grad_norm"] for m in actor], log_probs, out / "hf", resumed)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    rollout: DataProto,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, LoraRun]:
+    """ZeRO-3 and FSDP2 each training LoRA adapters on the same rows."""
+    return {
+        block: lora_run(
+            host_pool, resource_manager, model_path, rollout, block, tmp_path_factory.mktemp(f"lora_{block}")
+        )
+        for block in ("deepspeed_zero3", "fsdp2")
+    }
+
+
+def test_lora_losses_and_grad_norms_equal_zero3_and_resume(lora_runs: dict[str, LoraRun]) -> None:
+    zero3, fsdp2 = lora_runs["deepspeed_zero3"], lora_runs["fsdp2"]
+    assert fsdp2.actor_losses == pytest.approx(zero3.actor_losses, rel=1e-5)
+    assert fsdp2.actor_grad_norms == pytest.approx(zero3.actor_grad_norms, rel=1e-5)
+    assert len(set(fsdp2.actor_losses)) == 3  # the adapters change what each update computes
+    # Model shards, adapters, AdamW's states, schedule and step all come back from the DCP checkpoint.
+    assert fsdp2.resumed_loss == pytest.approx(fsdp2.actor_losses[2], rel=1e-6)
+
+
+def test_lora_export_is_the_plain_model_with_merged_adapters(
+    lora_runs: dict[str, LoraRun], model_path: str, rollout: DataProto
+) -> None:
+    """Only the adapted projections change; the merge equals DeepSpeed's and computes what the trainer computed."""
+    zero3, fsdp2 = (
+        load_file(lora_runs[block].export_dir / "model.safetensors") for block in ("deepspeed_zero3", "fsdp2")
+    )
+    original = load_file(Path(model_path) / "model.safetensors")
+    assert not list(lora_runs["fsdp2"].export_dir.glob("adapter_*"))
+    assert fsdp2.keys() == zero3.keys() == original.keys()
+    changed = {name for name, tensor in fsdp2.items() if not torch.equal(tensor, original[name])}
+    assert changed and all(
+        name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for name in changed
+    )
+    for name, tensor in fsdp2.items():
+        assert tensor.dtype == original[name].dtype, name
+        torch.testing.assert_close(tensor, zero3[name], atol=2e-4, rtol=1e-3, msg=name)
+    exported = AutoModelForCausalLM.from_pretrained(lora_runs["fsdp2"].export_dir, dtype=torch.float32)
+    input_ids, attention_mask = rollout.batch["input_ids"], rollout.batch["attention_mask"]
+    with torch.no_grad():
+        logits = exported(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+        ).logits
+    mask = rollout.batch["response_mask"].bool()
+    expected = response_log_probs(logits, input_ids, mask.shape[1])
+    torch.testing.assert_close(expected[mask], lora_runs["fsdp2"].log_probs[mask], atol=1e-5, rtol=0)

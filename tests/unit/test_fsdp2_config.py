@@ -91,5 +91,12 @@ def test_precision_is_detected_not_assumed(monkeypatch: pytest.MonkeyPatch) -> N
 def test_what_fsdp2_train_does_not_do_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"model_args.dtype=fp16: fsdp2_train has no loss scaler; use bf16"):
         role(BLOCKS["fsdp2"], dtype="fp16")
-    with pytest.raises(ConfigError, match=r"lora_rank=8: fsdp2_train does not train LoRA"):
-        role(BLOCKS["fsdp2"], lora_rank=8)
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_lora_validates_and_bad_input_beside_it_is_still_named(name: str) -> None:
+    assert parse_fsdp2_config(role(BLOCKS[name], lora_rank=8)) == parse_fsdp2_config(role(BLOCKS[name]))
+    with pytest.raises(ConfigError, match=r"model_args.dtype=fp16: fsdp2_train has no loss scaler"):
+        role(BLOCKS[name], dtype="fp16", lora_rank=8)
+    with pytest.raises(ConfigError, match=r"strategy_config.shard_size=3 does not divide actor_train's 2 rank"):
+        role(BLOCKS[name] | {"shard_size": 3}, lora_rank=8)

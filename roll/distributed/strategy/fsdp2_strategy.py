@@ -4,7 +4,10 @@ Parameters, gradients and optimizer states are sharded over a device mesh of the
 replicate x shard when `shard_size` is below the rank count); forward and backward gather one layer at a time.
 The block it reads is `roll.configs.fsdp2_config.FSDP2Config`; the optimizer, LR schedule, micro-batches and the
 global-batch normalisation are DeepSpeed's (`training.py`, `hf_compute.py`, `micro_batches.py`), so the two
-backends give the same losses on the same rows. FSDP2 itself is imported inside the methods that run it.
+backends give the same losses on the same rows. With `model_args.lora_rank` > 0 the model provider's PEFT model is
+what gets sharded: each adapter with the layer it adapts, the frozen base weights sharded all the same, AdamW over
+the adapters only, and the export and weight sync send full weights with the adapters merged, as DeepSpeed does.
+FSDP2 itself is imported inside the methods that run it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from roll.distributed.strategy.training import (
     seed_everything,
     write_hf_export,
 )
+from roll.models.hf_weights import hf_named_weights
 from roll.models.model_providers import dtype_from_name
 from roll.utils.staged_checkpoint import checkpoint_meta, resolve_checkpoint, restore_rng, staged_checkpoint
 
@@ -70,11 +74,6 @@ def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
         )
     explicit = f"{where}.param_dtype" if config.param_dtype != "auto" else ""  # else model_args.dtype is named
     check_dtype_supported(worker_config, compute_dtype_name(config, dtype), explicit)
-    if worker_config.model_args.lora_rank:
-        raise ConfigError(
-            f"{role}.model_args.lora_rank={worker_config.model_args.lora_rank}: fsdp2_train does not train LoRA "
-            "adapters yet; set lora_rank=0 or use deepspeed_train"
-        )
     _check_torch_features(config, where)
     check_schedule(worker_config)
     return config
@@ -115,7 +114,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
-    """A model under `fully_shard` with AdamW, the role's LR schedule, DCP checkpoints and full-weight export."""
+    """A model (or its LoRA adapters) under `fully_shard` with AdamW, the role's LR schedule, DCP checkpoints and
+    full-weight export."""
 
     strategy_name = BACKEND
 
@@ -125,7 +125,8 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
         parse_fsdp2_config(worker_config)
 
     def initialize(self, model_provider: ModelProvider) -> None:
-        """Join the process group, load the model, shard each decoder layer and the root, build the optimizer."""
+        """Join the process group, load the model (a PEFT model under LoRA), shard each decoder layer and the root,
+        build the optimizer over the trainable parameters."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         worker, platform = self.worker, self.worker.platform
@@ -142,7 +143,7 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
         self.weight_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
         self.export_dtype = model.dtype  # what the role loads and exports in; the shards and AdamW keep fp32
         compute = dtype_from_name(compute_dtype_name(self.config, self.worker_config.model_args.dtype))
-        model.float()
+        model.float()  # the adapters too: MixedPrecisionPolicy casts every parameter of a layer to param_dtype alike
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         model.config.use_cache = False
@@ -160,7 +161,10 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
         }
         for layer in decoder_layers(model):
             fully_shard(layer, **shard)
-        self.model = fully_shard(model, **shard)
+        # The root unit is the Hugging Face model inside a PEFT one (which holds no parameters of its own): PEFT's
+        # generate calls the inner model's, which would skip a PeftModel root's hooks and leave its weights sharded.
+        fully_shard(model.get_base_model() if self.worker_config.model_args.lora_rank else model, **shard)
+        self.model = model
         groups, hyper = adamw_groups(self.model, args)
         self.optimizer = torch.optim.AdamW(groups, **hyper)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args))
@@ -180,7 +184,7 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
-        """The Hugging Face model, its layers and root under `fully_shard`."""
+        """The Hugging Face model (a PEFT model around it under LoRA), its layers and root under `fully_shard`."""
         return self.model
 
     def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
@@ -269,10 +273,11 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
         return self.worker.platform.is_accelerator and not self.config.cpu_offload
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every weight in full by Hugging Face name, in the role's dtype: each gathered from the ranks' shards (every
-        rank must iterate to the end together) and copied, one tensor at a time."""
-        for name, param in self.model.named_parameters():
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param.data
+        """Every weight in full by Hugging Face name, in the role's dtype, LoRA merged: each gathered from the ranks'
+        shards (every rank must iterate to the end together) and copied, one tensor at a time."""
+        # A LoRA layer's merge (W + scaling * B @ A) runs on the DTensor shards; its result is gathered like a weight.
+        for name, tensor in hf_named_weights(self.model):
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             yield name, full.detach().to(self.export_dtype, copy=True)
 
     def export_hf(self, output_dir: str) -> str:
