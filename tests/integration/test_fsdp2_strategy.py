@@ -4,7 +4,9 @@ One run per backend of the real actor (`ActorWorker`): three RLVR actor updates 
 global step, rows of different lengths on the two ranks), then three SFT updates, then the HF export. FSDP2's run
 also saves a checkpoint after the RLVR updates and offloads its states to disk and back; one rank resumes from the
 checkpoint. The same two backends then train LoRA adapters (PEFT) on the RLVR actor loss: the same losses, gradient
-norms and merged export; FSDP2's LoRA run also checkpoints, offloads and resumes in between.
+norms and merged export; FSDP2's LoRA run also checkpoints, offloads and resumes in between. Last, fsdp2_infer as a
+2-rank reference: the log-probs and greedy samples plain transformers computes, through an offload round trip and a
+weight load.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from roll.configs.algorithm_config import AlgorithmArguments
+from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
-from roll.distributed.strategy.hf_compute import position_ids_from_mask
+from roll.distributed.strategy.hf_compute import generate_in_micro_batches, position_ids_from_mask
+from roll.distributed.weight_sync.colocated import share_bucket
 from roll.models.tiny import make_tiny_model
 from roll.platforms import get_platform
 from roll.utils.functionals import response_log_probs
@@ -77,6 +81,16 @@ def start(
         role="actor_train",
         **options,
     )
+
+
+def hf_log_probs(model_dir: str | Path, batch: DataProto) -> torch.Tensor:
+    """The log-prob of each response token of `batch` under the model in `model_dir`, by plain transformers in fp32
+    (all rows in one forward pass)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    input_ids, attention_mask = batch.batch["input_ids"], batch.batch["attention_mask"]
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    return response_log_probs(logits.logits, input_ids, batch.batch["response_mask"].shape[1])
 
 
 def global_loss(results: list[dict[str, float]]) -> float:
@@ -273,12 +287,62 @@ def test_lora_export_is_the_plain_model_with_merged_adapters(
     for name, tensor in fsdp2.items():
         assert tensor.dtype == original[name].dtype, name
         torch.testing.assert_close(tensor, zero3[name], atol=2e-4, rtol=1e-3, msg=name)
-    exported = AutoModelForCausalLM.from_pretrained(lora_runs["fsdp2"].export_dir, dtype=torch.float32)
-    input_ids, attention_mask = rollout.batch["input_ids"], rollout.batch["attention_mask"]
-    with torch.no_grad():
-        logits = exported(
-            input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-        ).logits
+    expected = hf_log_probs(lora_runs["fsdp2"].export_dir, rollout)
     mask = rollout.batch["response_mask"].bool()
-    expected = response_log_probs(logits, input_ids, mask.shape[1])
     torch.testing.assert_close(expected[mask], lora_runs["fsdp2"].log_probs[mask], atol=1e-5, rtol=0)
+
+
+def test_fsdp2_infer_reference_computes_what_transformers_computes(
+    host_pool: HostPool,
+    resource_manager: ResourceManager,
+    model_path: str,
+    rollout: DataProto,
+    runs: dict[str, Run],
+    tmp_path: Path,
+) -> None:
+    """fsdp2_infer on the CPU-offload block over 2 ranks as a reference: its log-probs and greedy samples are plain
+    transformers' on the same rows (a sampled call also completes, the ranks in step); the shards go to the spill
+    file and back bit for bit; and the full weights of the fsdp2 run's export, loaded as the colocated weight sync
+    hands them over, give that export's log-probs."""
+    cluster = start_role(
+        host_pool,
+        resource_manager,
+        model_path,
+        copy.deepcopy(BLOCKS["fsdp2_cpuoffload"]),
+        strategy="fsdp2_infer",
+        offload_dir=str(tmp_path / "spill"),
+        worker_cls=WORKER,
+        role="reference",
+    )
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": rollout.batch["prompts"], "attention_mask": rollout.batch["attention_mask"][:, :6]}
+    )
+    greedy_args = GeneratingArguments(max_new_tokens=5, do_sample=False)
+    trained = dict(load_file(runs["fsdp2"].export_dir / "model.safetensors"))
+    try:
+        log_probs = cluster.compute_log_probs(rollout).batch["log_probs"]
+        greedy = cluster.generate(prompts, greedy_args)
+        sampled = cluster.generate(prompts, GeneratingArguments(max_new_tokens=5, num_return_sequences=2, seed=3))
+        assert cluster.offload_moves_states() == [True, True]
+        for metrics in cluster.offload_states():
+            assert metrics["offload_states/offload/moved_bytes/model_params"] > 0
+        for metrics in cluster.load_states():
+            assert metrics["offload_states/reload/moved_bytes/model_params"] > 0
+        reloaded = cluster.compute_log_probs(rollout).batch["log_probs"]
+        shared, _buffer = share_bucket(list(trained.items()))
+        loaded = sum(tensor.numel() * tensor.element_size() for tensor in trained.values())
+        assert cluster.receive_colocated_bucket(shared) == [loaded, loaded]
+        synced = cluster.compute_log_probs(rollout).batch["log_probs"]
+    finally:
+        cluster.shutdown()
+    mask = rollout.batch["response_mask"].bool()
+    # Both measured 0.0 on 2026-11-29 (fp32; the reference's micro-batches are 4 rows, transformers' one of 16).
+    torch.testing.assert_close(log_probs[mask], hf_log_probs(model_path, rollout)[mask], atol=1e-6, rtol=0)
+    assert torch.equal(reloaded, log_probs)
+    torch.testing.assert_close(synced[mask], hf_log_probs(runs["fsdp2"].export_dir, rollout)[mask], atol=1e-6, rtol=0)
+    assert (synced - log_probs)[mask].abs().max() > 1e-3  # the load changed what it computes
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    expected = generate_in_micro_batches(model, prompts, greedy_args, 4, "cpu")  # hf_infer's, 4 rows at a time
+    assert torch.equal(greedy.batch["input_ids"], expected.output_ids)
+    assert torch.equal(greedy.batch["response_mask"].sum(-1), expected.response_lengths)
+    assert sampled.batch["input_ids"].shape == (32, 6 + 5)

@@ -37,8 +37,8 @@ from roll.utils.console import configure_worker_logging
 # The roles' workers hosted by this process, by role name (empty outside a WorkerHost), and why any failed to start.
 HOSTED: dict[str, Worker] = {}
 FAILED: dict[str, Exception] = {}
-IN_PROCESS_STRATEGIES = frozenset({"hf_infer", "deepspeed_train", "deepspeed_infer", "fsdp2_train"})
-PROCESS_GROUP_STRATEGIES = frozenset({"deepspeed_train", "deepspeed_infer", "fsdp2_train"})
+IN_PROCESS_STRATEGIES = frozenset({"hf_infer", "deepspeed_train", "deepspeed_infer", "fsdp2_train", "fsdp2_infer"})
+PROCESS_GROUP_STRATEGIES = frozenset({"deepspeed_train", "deepspeed_infer", "fsdp2_train", "fsdp2_infer"})
 
 
 class WorkerHost:

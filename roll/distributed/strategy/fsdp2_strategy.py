@@ -7,7 +7,9 @@ global-batch normalisation are DeepSpeed's (`training.py`, `hf_compute.py`, `mic
 backends give the same losses on the same rows. With `model_args.lora_rank` > 0 the model provider's PEFT model is
 what gets sharded: each adapter with the layer it adapts, the frozen base weights sharded all the same, AdamW over
 the adapters only, and the export and weight sync send full weights with the adapters merged, as DeepSpeed does.
-FSDP2 itself is imported inside the methods that run it.
+`FSDP2Sharded` is what it shares with fsdp2_infer (`fsdp2_infer_strategy.py`): the config check, the process group,
+the sharding, phase offloading of the shards and the full weights gathered from them. FSDP2 itself is imported
+inside the methods that run it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,7 +30,7 @@ from roll.distributed.strategy.fsdp2_offload import StateOffloader
 from roll.distributed.strategy.hf_compute import ShardedModelCompute, optimizer_step_losses
 from roll.distributed.strategy.lr_schedule import lr_lambda
 from roll.distributed.strategy.micro_batches import DataParallel, token_budget
-from roll.distributed.strategy.strategy import ForwardFunc, ModelProvider, TrainStrategy
+from roll.distributed.strategy.strategy import ForwardFunc, ModelProvider, StrategyHost, TrainStrategy
 from roll.distributed.strategy.training import (
     adamw_groups,
     check_dtype_supported,
@@ -48,9 +50,11 @@ BACKEND = "fsdp2_train"  # recorded in its checkpoints' marker: a DeepSpeed chec
 TORCH_FEATURES = {"": ("fully_shard", "MixedPrecisionPolicy", "OffloadPolicy"), "cpu_offload": ("CPUOffloadPolicy",)}
 
 
-def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
+def parse_fsdp2_config(worker_config: WorkerConfig, backend: str = BACKEND) -> FSDP2Config:
     """The role's block as `FSDP2Config`; a ConfigError names a DeepSpeed-only key, a wrong value, a mesh that does
-    not divide the role's ranks, a precision its devices lack or an option the torch in use does not have."""
+    not divide the role's ranks, a precision its devices lack or an option the torch in use does not have. For
+    fsdp2_train (the `backend` checked for) also fp16 (no loss scaler) and an LR schedule without its step count."""
+    training = backend == BACKEND
     role = worker_config.name
     where = f"{role}.strategy_args.strategy_config"
     block = dict(worker_config.strategy_args.strategy_config or {})
@@ -68,14 +72,15 @@ def parse_fsdp2_config(worker_config: WorkerConfig) -> FSDP2Config:
             f"of {world} (0: all of them) or change {role}.device_mapping"
         )
     dtype = worker_config.model_args.dtype
-    if dtype == "fp16":
+    if training and dtype == "fp16":
         raise ConfigError(
             f"{role}.model_args.dtype=fp16: fsdp2_train has no loss scaler; use bf16 (or fp32), or deepspeed_train"
         )
     explicit = f"{where}.param_dtype" if config.param_dtype != "auto" else ""  # else model_args.dtype is named
     check_dtype_supported(worker_config, compute_dtype_name(config, dtype), explicit)
-    _check_torch_features(config, where)
-    check_schedule(worker_config)
+    _check_torch_features(config, where, backend)
+    if training:
+        check_schedule(worker_config)
     return config
 
 
@@ -84,7 +89,7 @@ def compute_dtype_name(config: FSDP2Config, model_dtype: str) -> str:
     return model_dtype if config.param_dtype == "auto" else config.param_dtype
 
 
-def _check_torch_features(config: FSDP2Config, where: str) -> None:
+def _check_torch_features(config: FSDP2Config, where: str, backend: str) -> None:
     import torch.distributed.fsdp as fsdp
 
     for option, names in TORCH_FEATURES.items():
@@ -92,7 +97,7 @@ def _check_torch_features(config: FSDP2Config, where: str) -> None:
             continue
         missing = [name for name in names if not hasattr(fsdp, name)]
         if missing:
-            field = f"{where}.{option}" if option else where.replace("strategy_config", "strategy_name=fsdp2_train")
+            field = f"{where}.{option}" if option else where.replace("strategy_config", f"strategy_name={backend}")
             raise ConfigError(
                 f"{field}: torch {torch.__version__} has no torch.distributed.fsdp.{', '.join(missing)} "
                 "(FSDP2 needs torch 2.6 or newer)"
@@ -113,22 +118,22 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
-    """A model (or its LoRA adapters) under `fully_shard` with AdamW, the role's LR schedule, DCP checkpoints and
-    full-weight export."""
+class FSDP2Sharded:
+    """What fsdp2_train and fsdp2_infer share: the role's process group, the model under `fully_shard` (each decoder
+    layer, then the root) over the role's mesh, phase offloading of its shards and the full weights gathered from
+    them. The backend sets `model` (through `_shard`) and `export_dtype`, and names the state kinds it offloads."""
 
-    strategy_name = BACKEND
+    strategy_name: ClassVar[str]
+    worker: StrategyHost
+    worker_config: WorkerConfig
+    config: FSDP2Config
+    device: torch.device
+    model: torch.nn.Module | None
+    export_dtype: torch.dtype
+    offloader: StateOffloader
 
-    @classmethod
-    def check_config(cls, worker_config: WorkerConfig) -> None:
-        """The role's FSDP2 block, precision and schedule (see `parse_fsdp2_config`)."""
-        parse_fsdp2_config(worker_config)
-
-    def initialize(self, model_provider: ModelProvider) -> None:
-        """Join the process group, load the model (a PEFT model under LoRA), shard each decoder layer and the root,
-        build the optimizer over the trainable parameters."""
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
+    def _join(self) -> None:
+        """Join the role's process group on this rank's device, seed, and read the block (`parse_fsdp2_config`)."""
         worker, platform = self.worker, self.worker.platform
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group(
@@ -136,26 +141,25 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
             )
         platform.set_device(worker.local_rank)
         self.device = torch.device(platform.device_name(worker.local_rank))
-        args = self.worker_config.training_args
-        seed_everything(args.seed)
-        self.config = parse_fsdp2_config(self.worker_config)
-        model = model_provider()
-        self.weight_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
-        self.export_dtype = model.dtype  # what the role loads and exports in; the shards and AdamW keep fp32
-        compute = dtype_from_name(compute_dtype_name(self.config, self.worker_config.model_args.dtype))
-        model.float()  # the adapters too: MixedPrecisionPolicy casts every parameter of a layer to param_dtype alike
-        if args.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        model.config.use_cache = False
+        seed_everything(self.worker_config.training_args.seed)
+        self.config = parse_fsdp2_config(self.worker_config, self.strategy_name)
+        self.offloader = StateOffloader()
+
+    def _shard(self, model: torch.nn.Module, compute: torch.dtype) -> None:
+        """`fully_shard` each decoder layer of `model`, then its root, computing in `compute` over the parameters'
+        own dtype (cast per layer by `MixedPrecisionPolicy`); `model` becomes `self.model`."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        stored = next(model.parameters()).dtype
         shard = {
             "mesh": self._device_mesh(),
             "reshard_after_forward": self.config.reshard_after_forward,
             "mp_policy": MixedPrecisionPolicy(
-                param_dtype=None if compute == torch.float32 else compute,
+                param_dtype=None if compute == stored else compute,
                 reduce_dtype=dtype_from_name(self.config.reduce_dtype),
             ),
             # Pinned host memory needs an accelerator; on a CPU platform the shards are host memory either way.
-            "offload_policy": CPUOffloadPolicy(pin_memory=platform.is_accelerator)
+            "offload_policy": CPUOffloadPolicy(pin_memory=self.worker.platform.is_accelerator)
             if self.config.cpu_offload
             else OffloadPolicy(),
         }
@@ -165,11 +169,6 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
         # generate calls the inner model's, which would skip a PeftModel root's hooks and leave its weights sharded.
         fully_shard(model.get_base_model() if self.worker_config.model_args.lora_rank else model, **shard)
         self.model = model
-        groups, hyper = adamw_groups(self.model, args)
-        self.optimizer = torch.optim.AdamW(groups, **hyper)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args))
-        self.global_step = 0
-        self.offloader = StateOffloader()
 
     def _device_mesh(self) -> Any:
         """The role's ranks as one shard dimension, or (replicate, shard) when `shard_size` is below their count."""
@@ -186,6 +185,80 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
     def unwrapped_model(self) -> torch.nn.Module:
         """The Hugging Face model (a PEFT model around it under LoRA), its layers and root under `fully_shard`."""
         return self.model
+
+    def _offloadable_states(self) -> dict[str, list[torch.Tensor]]:
+        """This rank's tensors that phase offloading moves, by state kind."""
+        return {"model_params": [_local(p) for p in self.model.parameters()]}
+
+    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Move this rank's state shards (all kinds when `include` is None) off the device: to host memory, or with
+        `offload_device=nvme` to a spill file under `offload_dir` (`fsdp2_offload.py`)."""
+        if not self.offload_moves_states():
+            return {}
+        args = self.worker_config.strategy_args
+        states = self._offloadable_states()
+        states = {kind: tensors for kind, tensors in states.items() if include is None or kind in include}
+        metrics = self.offloader.offload(states, args.offload_device, args.offload_dir)
+        self.worker.platform.empty_cache()
+        return metrics
+
+    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
+        """Bring the offloaded states (all kinds when `include` is None) back to their device, bit for bit."""
+        return self.offloader.reload(include) if self.offload_moves_states() else {}
+
+    def offload_moves_states(self) -> bool:
+        """On an accelerator (unless `cpu_offload` keeps the states in host memory already), and to NVMe anywhere;
+        on a CPU platform offloading to host memory would move nothing."""
+        if self.worker_config.strategy_args.offload_device == "nvme":
+            return True
+        return self.worker.platform.is_accelerator and not self.config.cpu_offload
+
+    def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight in full by Hugging Face name, in the role's dtype, LoRA merged: each gathered from the ranks'
+        shards (every rank must iterate to the end together) and copied, one tensor at a time."""
+        # A LoRA layer's merge (W + scaling * B @ A) runs on the DTensor shards; its result is gathered like a weight.
+        for name, tensor in hf_named_weights(self.model):
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            yield name, full.detach().to(self.export_dtype, copy=True)
+
+    def shutdown(self) -> None:
+        """Drop the model and leave the process group, so another role can start in this process."""
+        if hasattr(self, "offloader"):  # not when initialize failed before building it
+            self.offloader.close()
+        self.model = None
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class FSDP2TrainStrategy(FSDP2Sharded, ShardedModelCompute, TrainStrategy):
+    """A model (or its LoRA adapters) under `fully_shard` with AdamW, the role's LR schedule, DCP checkpoints and
+    full-weight export."""
+
+    strategy_name = BACKEND
+
+    @classmethod
+    def check_config(cls, worker_config: WorkerConfig) -> None:
+        """The role's FSDP2 block, precision and schedule (see `parse_fsdp2_config`)."""
+        parse_fsdp2_config(worker_config)
+
+    def initialize(self, model_provider: ModelProvider) -> None:
+        """Join the process group, load the model (a PEFT model under LoRA), shard each decoder layer and the root,
+        build the optimizer over the trainable parameters."""
+        self._join()
+        args = self.worker_config.training_args
+        model = model_provider()
+        self.weight_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+        self.export_dtype = model.dtype  # what the role loads and exports in; the shards and AdamW keep fp32
+        compute = dtype_from_name(compute_dtype_name(self.config, self.worker_config.model_args.dtype))
+        model.float()  # the adapters too: MixedPrecisionPolicy casts every parameter of a layer to param_dtype alike
+        if args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        model.config.use_cache = False
+        self._shard(model, compute)
+        groups, hyper = adamw_groups(self.model, args)
+        self.optimizer = torch.optim.AdamW(groups, **hyper)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args))
+        self.global_step = 0
 
     def train_step(self, batch: DataProto, loss_func: ForwardFunc) -> dict[str, float]:
         """One optimizer step per `per_device_train_batch_size` x `gradient_accumulation_steps` rows of `batch`.
@@ -239,13 +312,10 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
                 _local(grad).mul_(scale.to(_local(grad).device))
         return norm.item()
 
-    def offload_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Move the parameter shards, gradients and AdamW's states (all kinds when `include` is None) off the device:
-        to host memory, or with `offload_device=nvme` to a spill file under `offload_dir` (`fsdp2_offload.py`)."""
-        if not self.offload_moves_states():
-            return {}
+    def _offloadable_states(self) -> dict[str, list[torch.Tensor]]:
+        """The parameter shards, their gradients and AdamW's states."""
         params = list(self.model.parameters())
-        states = {
+        return {
             "model_params": [_local(p) for p in params],
             "grads": [_local(p.grad) for p in params if p.grad is not None],
             "optimizer_states": [
@@ -255,30 +325,6 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
                 if isinstance(value, torch.Tensor)
             ],
         }
-        args = self.worker_config.strategy_args
-        states = {kind: tensors for kind, tensors in states.items() if include is None or kind in include}
-        metrics = self.offloader.offload(states, args.offload_device, args.offload_dir)
-        self.worker.platform.empty_cache()
-        return metrics
-
-    def load_states(self, include: set[str] | None = None) -> dict[str, float]:
-        """Bring the offloaded states (all kinds when `include` is None) back to their device, bit for bit."""
-        return self.offloader.reload(include) if self.offload_moves_states() else {}
-
-    def offload_moves_states(self) -> bool:
-        """On an accelerator (unless `cpu_offload` keeps the states in host memory already), and to NVMe anywhere;
-        on a CPU platform offloading to host memory would move nothing."""
-        if self.worker_config.strategy_args.offload_device == "nvme":
-            return True
-        return self.worker.platform.is_accelerator and not self.config.cpu_offload
-
-    def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every weight in full by Hugging Face name, in the role's dtype, LoRA merged: each gathered from the ranks'
-        shards (every rank must iterate to the end together) and copied, one tensor at a time."""
-        # A LoRA layer's merge (W + scaling * B @ A) runs on the DTensor shards; its result is gathered like a weight.
-        for name, tensor in hf_named_weights(self.model):
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            yield name, full.detach().to(self.export_dtype, copy=True)
 
     def export_hf(self, output_dir: str) -> str:
         """Rank 0 writes a Hugging Face directory in the role's dtype from the gathered weights."""
@@ -324,8 +370,5 @@ class FSDP2TrainStrategy(ShardedModelCompute, TrainStrategy):
 
     def shutdown(self) -> None:
         """Drop the model and optimizer and leave the process group, so another role can start in this process."""
-        if hasattr(self, "offloader"):  # not when initialize failed before building it
-            self.offloader.close()
-        self.model = self.optimizer = self.scheduler = None
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        self.optimizer = self.scheduler = None
+        super().shutdown()

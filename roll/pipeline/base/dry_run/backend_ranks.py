@@ -102,7 +102,7 @@ def _generation_phase(role: WorkerConfig, shape: ModelShape, lengths: _Lengths) 
 
 
 def _fsdp2_as_zero3(role: WorkerConfig, shape: ModelShape) -> tuple[int, str, str, dict[str, Any]]:
-    """An fsdp2_train role's layout in `_zero_block`'s terms: everything sharded as at ZeRO-3, one decoder layer
+    """An FSDP2 role's layout in `_zero_block`'s terms: everything sharded as at ZeRO-3, one decoder layer
     gathered while the next is prefetched (the whole model between forward and backward without
     `reshard_after_forward`), a layer's gradients reduce-scattered at a time."""
     block = role.strategy_args.strategy_config or {}
@@ -202,15 +202,17 @@ def _infer_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
     dtype = role.model_args.dtype
     forward = list(_forward_phase(role, shape, kind, lengths))
     generation = list(_generation_phase(role, shape, lengths))
-    stage, _, offload_params, zero = _zero_block(role)
-    if role.strategy_args.strategy_name == "deepspeed_infer" and stage == 3:
+    fsdp2 = role.strategy_args.strategy_name == "fsdp2_infer"
+    stage, _, offload_params, zero = _fsdp2_as_zero3(role, shape) if fsdp2 else _zero_block(role)
+    notes = ("fsdp2_infer counted as ZeRO-3 inference (not yet checked against a run)",) if fsdp2 else ()
+    if role.strategy_args.strategy_name in ("deepspeed_infer", "fsdp2_infer") and stage == 3:
         place: Place = {"cpu": "host", "nvme": "nvme"}.get(offload_params, "device")
         resident = (MemoryItem("params", DTYPE_BYTES[dtype] * _share(params, role.dp_size), place),)
         forward.append(_gathered(shape, dtype, params, zero, training=False))
         generation.append(_gathered(shape, dtype, params, zero, training=False))
     else:
         resident = (MemoryItem("params", DTYPE_BYTES[dtype] * params),)
-    return resident, {"log-prob forward": tuple(forward), "generation": tuple(generation)}, ()
+    return resident, {"log-prob forward": tuple(forward), "generation": tuple(generation)}, notes
 
 
 def _engine_rank(

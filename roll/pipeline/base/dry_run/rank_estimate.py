@@ -22,6 +22,7 @@ STRATEGY_KINDS = {
     "deepspeed_train": "train",
     "deepspeed_infer": "infer",
     "fsdp2_train": "train",
+    "fsdp2_infer": "infer",
     "hf_infer": "infer",
     "vllm": "engine",
     "sglang": "engine",
