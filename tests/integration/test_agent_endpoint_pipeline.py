@@ -1,7 +1,7 @@
 """Agents through the OpenAI-compatible endpoint with real Ray and a real engine (hf_infer, a tiny policy): one
 RLVR step of `tests.agents.scripted_agent` episodes, then more batches played by the same pipeline's actor_infer
 with every engine call recorded, which the tests below read: the scripted agent's again, the calculator agent on
-arithmetic data rows, and an agent source beside an environment source."""
+arithmetic data rows, an agent source beside an environment source, and the scripted agent in an env worker."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+import ray
 import torch
 from transformers import AutoTokenizer
 
@@ -18,7 +19,9 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_session import AgentSession
 from roll.pipeline.agentic.agent_tasks import DataRow, DataTasks
+from roll.pipeline.agentic.agent_workers import endpoint_host
 from roll.pipeline.agentic.agentic_config import DEFAULT_ENV
+from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.endpoint_template import plain_chat_template
 from roll.pipeline.agentic.env_rollout import cluster_generate
 from roll.pipeline.agentic.mixed_rollout import MixedRollout
@@ -63,6 +66,18 @@ class AgentRun:
     data: DataRun
     mixed: tuple[DataProto, dict[str, float], list[AgentSession]]  # the batch, metrics and the agent's sessions
     export_dir: str  # the policy the run exported
+    in_worker: WorkerRuns
+
+
+@dataclass
+class WorkerRuns:
+    """Two batches of one task's episodes played by the scripted agent in an env-worker actor."""
+
+    batches: list[DataProto]
+    metrics: list[dict[str, float]]
+    sessions: list[list[AgentSession]]
+    base_url: str
+    started_in_driver: int  # episodes the driver's copy of tests.agents saw start
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +139,7 @@ def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ag
         mixed = MixedRollout(mixed_env, pipeline.tokenizer, pipeline.pad_id, server)
         mixed_batch, mixed_metrics = mixed.run(recording, [s for s in range(4) for _ in range(2)], args, 11)
         mixed.close()
+        in_worker = _runs_in_a_worker(replace(config.env, num_env_workers=1), pipeline, recording, args)
     finally:
         pipeline.shutdown()
     return AgentRun(
@@ -137,6 +153,32 @@ def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ag
         DataRun(data_batch, data_rollout.sessions, [tasks.row(seed) for seed in [0, 0, 1, 1]], pipeline.tokenizer),
         (mixed_batch, mixed_metrics, mixed.agents["calc"].sessions),
         config.model_export_dir,
+        in_worker,
+    )
+
+
+def _runs_in_a_worker(env: Any, pipeline: RLVRPipeline, generate: Any, args: Any) -> WorkerRuns:
+    """Two batches of task 2's episodes, the agents in one env worker and the endpoint on the node's address. Per
+    process, the first episode of a task to start hangs: the second batch hangs again only if the worker that held
+    the first batch's hung episode was replaced."""
+    server = ChatServer(endpoint_host(env))
+    rollout = AgentRollout(env, pipeline.tokenizer, pipeline.pad_id, server)
+    agents.reset()
+    runs = []
+    try:
+        for base_seed in (12, 13):
+            batch, metrics = rollout.run(generate, [2] * GROUP, args, base_seed)
+            runs.append((batch, metrics, rollout.sessions))
+        base_url = server.base_url("s")
+    finally:
+        rollout.close()
+        server.close()
+    return WorkerRuns(
+        [batch for batch, _, _ in runs],
+        [metrics for _, metrics, _ in runs],
+        [sessions for _, _, sessions in runs],
+        base_url,
+        sum(agents.started_episodes().values()),
     )
 
 
@@ -267,3 +309,17 @@ def test_the_export_carries_the_chat_template_the_endpoint_rendered(agent_run: A
     first_call = [{"role": "system", "content": "Multiply."}, {"role": "user", "content": "37*48=?"}]
     rendered = exported.apply_chat_template(first_call, tokenize=False, add_generation_prompt=True)
     assert rendered == "Multiply.\n37*48=?\n"
+
+
+def test_agents_in_an_env_worker_end_only_their_own_episode_and_a_hung_worker_is_replaced(agent_run: AgentRun) -> None:
+    runs = agent_run.in_worker
+    assert runs.started_in_driver == 0  # every agent ran in the worker's process
+    assert runs.base_url.startswith(f"http://{ray.util.get_node_ip_address()}:")
+    for batch, metrics, sessions in zip(runs.batches, runs.metrics, runs.sessions, strict=True):
+        # Per batch: one episode hung (the worker's first of the task), one rewrote its history, two extended.
+        assert metrics["rollout/agent_timeouts"] == 1 and metrics["rollout/agent_errors"] == 0
+        assert metrics["rollout/agent_new_segments"] == 1 and int(batch.batch["reward_failed"].sum()) == 1
+        for session in sessions:
+            for call in session.calls:
+                assert (call.prompt_ids, call.choices[0].sample.ids) in agent_run.engine_rows
+        assert sum(1 for session in sessions if len(session.calls) == 2) == GROUP - 1
