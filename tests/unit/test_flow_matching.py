@@ -1,10 +1,15 @@
 """Flow-matching models: the Euler step, Flow-GRPO's SDE step and log-probability and DiffusionNFT's loss by hand,
-the gradient through exactly the last K steps of the window, the tiny SD3 / Wan models through diffusers, and
-the config errors of the flow algorithms."""
+the gradient through exactly the last K steps of the window, the tiny SD3 / Wan models through diffusers (their text
+encoders loaded in the order of their names, whatever the process's string hashes), and the config errors of the
+flow algorithms."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +36,7 @@ from roll.pipeline.diffusion.flow_sampling import (
 )
 from roll.pipeline.diffusion.sampling import SamplingArguments
 from roll.rewards.image_rewards import build_image_reward
+from tests.conftest import REPO_ROOT
 from tests.unit.test_hydra_configs import load_config
 
 TINY_SD3 = "tiny-diffusion://sd3?image_size=8&layers=1&head_dim=8&text_hidden_size=8"
@@ -170,6 +176,43 @@ def test_tiny_flow_models_train_their_transformer_only_and_export(
     flow_model.save_pretrained(str(tmp_path), dict(flow_model.state_dict()))
     exported = load_flow_parts(str(tmp_path)).transformer.state_dict()
     assert all(torch.equal(exported[name], tensor) for name, tensor in parts.transformer.state_dict().items())
+
+
+# Prints the component names of the transformers models `load_flow_parts(argv[1])` loads, in the order it loads them.
+LOADING_ORDER = """
+import json, sys
+from pathlib import Path
+
+import transformers
+
+from roll.models.diffusion.flow_parts import load_flow_parts
+
+loaded, load = [], transformers.PreTrainedModel.from_pretrained.__func__
+
+
+def recorded(cls, path, *args, **kwargs):
+    loaded.append(Path(path).name)
+    return load(cls, path, *args, **kwargs)
+
+
+transformers.PreTrainedModel.from_pretrained = classmethod(recorded)
+load_flow_parts(sys.argv[1])
+print(json.dumps(loaded))
+"""
+
+
+def test_the_text_encoders_load_in_the_order_of_their_names_not_of_string_hashes() -> None:
+    """At ZeRO-3 each rank loads them collectively, so every rank must load them in one order. diffusers' own order
+    follows the process's string hashes: with PYTHONHASHSEED=0 it is text_encoder_2, text_encoder_3, text_encoder."""
+    seeded = subprocess.run(
+        [sys.executable, "-c", LOADING_ORDER, TINY_SD3],
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert seeded.returncode == 0, seeded.stderr[-2000:]
+    assert json.loads(seeded.stdout.splitlines()[-1]) == ["text_encoder", "text_encoder_2", "text_encoder_3"]
 
 
 FLOW_OVERRIDES = ["platform=cpu", "warm_start.base_model=''", "warm_start.output_dir=''", f"pretrain='{TINY_SD3}'"]

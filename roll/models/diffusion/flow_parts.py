@@ -1,7 +1,8 @@
 """A diffusers flow-matching pipeline (Stable Diffusion 3 / 3.5 for images, Wan 2.x for video) as its parts.
 
 Everything loads through `DiffusionPipeline.from_pretrained`, so a hub id, a local checkpoint and a
-`tiny-diffusion://sd3` or `tiny-diffusion://wan` reference take the same path. The sampler is a
+`tiny-diffusion://sd3` or `tiny-diffusion://wan` reference take the same path; the text encoders are loaded first,
+in the order of their names, the same on every rank (`transformers_models`). The sampler is a
 `FlowMatchEulerDiscreteScheduler` built from the directory's scheduler config whatever class it names (Wan's
 checkpoints name UniPC with a `flow_shift`), since Reward FL and Flow-GRPO step the flow by Euler.
 """
@@ -81,10 +82,13 @@ def local_scheduler_config(model: str) -> dict[str, Any] | None:
 
 
 def load_flow_parts(model_name_or_path: str, dtype: torch.dtype = torch.float32) -> FlowParts:
-    """Load a flow-matching pipeline (hub id, directory or tiny reference) on the CPU."""
+    """Load a flow-matching pipeline (hub id, directory or tiny reference) on the CPU, its transformers models first
+    in the order of their names (`transformers_models`)."""
     from diffusers import DiffusionPipeline
 
-    pipeline = DiffusionPipeline.from_pretrained(resolve_diffusion_path(model_name_or_path), dtype=dtype)
+    path = resolve_diffusion_path(model_name_or_path)
+    folder = Path(path if Path(path).is_dir() else DiffusionPipeline.download(path))
+    pipeline = DiffusionPipeline.from_pretrained(folder, dtype=dtype, **transformers_models(folder, dtype))
     family = FLOW_TRANSFORMERS.get(type(pipeline.transformer).__name__)
     if family is None:
         raise ValueError(
@@ -95,6 +99,33 @@ def load_flow_parts(model_name_or_path: str, dtype: torch.dtype = torch.float32)
     return FlowParts(
         pipeline, pipeline.transformer, pipeline.vae, euler_scheduler(dict(pipeline.scheduler.config)), family
     )
+
+
+def transformers_models(folder: Path, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    """The transformers models of the pipeline in `folder` (its text encoders) by component name, loaded in the order
+    of their names.
+
+    diffusers loads a pipeline's components in the order of a set of names (`ConfigMixin.extract_init_dict` iterates
+    the pipeline's `__init__` parameters as a set), which differs from process to process since Python salts string
+    hashes per process. At ZeRO-3 transformers loads each model collectively (`zero.Init` broadcasts every parameter
+    it creates, loading gathers and scatters them again), so two ranks that loaded SD3's three text encoders in
+    different orders paired one encoder's collectives with another's: gloo aborted on a message of unexpected size,
+    a rank waited forever, or, the two CLIP encoders having one shape, rank 1 took rank 0's weights of the other one.
+    Passed to `DiffusionPipeline.from_pretrained`, they are used as they are; the other components load no model
+    collectively.
+    """
+    import transformers
+
+    index = json.loads((folder / "model_index.json").read_text())
+    models: dict[str, torch.nn.Module] = {}
+    for name in sorted(index):
+        entry = index[name]
+        if not (isinstance(entry, list) and entry[0] == "transformers" and (folder / name).is_dir()):
+            continue
+        model_class = getattr(transformers, entry[1], None)
+        if isinstance(model_class, type) and issubclass(model_class, transformers.PreTrainedModel):
+            models[name] = model_class.from_pretrained(folder / name, dtype=dtype)
+    return models
 
 
 def save_flow_parts(
