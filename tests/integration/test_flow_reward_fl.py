@@ -3,8 +3,8 @@ DeepSpeed engines (gloo, CPU).
 
 One Reward FL run on the video model (ZeRO-2) serves several checks (its losses, held-out reward, image grids
 and GIFs, the export as a diffusers Wan pipeline); Flow-GRPO and DiffusionNFT each take one step on the image
-model at ZeRO-3. All run on one rank: two ranks loading the flow pipeline hung (or aborted in gloo) in their
-initialisation on this machine, not yet diagnosed (docs/diffusion.md).
+model at ZeRO-3, on one rank. On two ranks in the pooled worker processes (tests/worker_pool.py), ZeRO 0, 2 and 3
+give the image model's first Reward FL step one loss.
 """
 
 from __future__ import annotations
@@ -13,12 +13,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
+from roll.distributed.scheduler.protocol import DataProto
+from roll.distributed.scheduler.resource_manager import ResourceManager
 from roll.models.diffusion.flow_parts import load_flow_parts
+from roll.models.diffusion.parts import encode_prompts
+from roll.models.diffusion.tiny_diffusion import resolve_diffusion_path
+from roll.pipeline.diffusion.diffusion_worker import RewardFLSettings
+from roll.pipeline.diffusion.prompts import prompt_splits
 from roll.pipeline.diffusion.reward_fl_config import RewardFLConfig
 from roll.pipeline.diffusion.reward_fl_pipeline import RewardFLPipeline
+from roll.pipeline.diffusion.shapes import all_prompts
 from tests.pipeline_runs import run_pipeline
 from tests.unit.test_hydra_configs import load_config
+from tests.worker_pool import HostPool
 
 pytestmark = pytest.mark.slow
 
@@ -104,3 +113,34 @@ def test_flow_policy_algorithms_take_a_step_at_zero3(ray_session: None, tmp_path
     else:
         assert first["actor/nft_loss"] > 0
     assert summary["val_distance_from_start_after"] > 0
+
+
+def test_zero_stages_give_the_same_first_step_loss_on_two_ranks(
+    host_pool: HostPool, resource_manager: ResourceManager, tmp_path: Path
+) -> None:
+    """ZeRO 0, 2 and 3 one after another in the same two pooled processes: one Reward FL loss on both ranks. At
+    ZeRO-3 each rank loads the text encoders collectively, in an order that once followed its string hashes."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_diffusion_path(SD3), subfolder="tokenizer")
+    prompts = DataProto.from_dict(tensors=encode_prompts(tokenizer, prompt_splits(all_prompts(), 2)[0][:4]))
+    losses = {}
+    for block in ("deepspeed_zero", "deepspeed_zero2", "deepspeed_zero3"):
+        config = flow_config(
+            tmp_path,
+            "reward_fl_flow_shapes",
+            SD3,
+            "actor.device_mapping=0-1",
+            "actor.training_args.per_device_train_batch_size=2",
+            f"actor.strategy_args.strategy_config=${{{block}}}",
+        )
+        settings = RewardFLSettings(
+            config.reward.name, {}, config.trainable_models, config.sampling, config.regulariser_weight, config.seed
+        )
+        cluster = host_pool.start(config.actor.worker_cls, config.actor, resource_manager)
+        try:
+            cluster.initialize(settings)
+            losses[block] = [metrics["loss"] for metrics in cluster.reward_fl_step(prompts)]
+        finally:
+            cluster.shutdown()
+    assert losses["deepspeed_zero"][0] != 0
+    for block, per_rank in losses.items():
+        assert per_rank == pytest.approx([losses["deepspeed_zero"][0]] * 2, rel=1e-6), (block, losses)
