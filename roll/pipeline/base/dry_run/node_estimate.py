@@ -263,6 +263,8 @@ def cpu_node_estimates(config: PipelineConfig, plan: PlacementPlan | None = None
         return []
     try:
         return estimate_nodes(config, plan)
+    except ConfigError:  # the estimate found the config wrong: that is the run's error, not a missing estimate
+        raise
     except (ValueError, OSError) as exc:  # a model it cannot count (MoE), a backend it does not know
         logger.warning("the node memory estimate is skipped: %s", exc)
         return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from roll.configs.schema import ConfigError
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.cluster import resolve_worker_cls
 from roll.distributed.executor.strategy_worker import StrategyWorker
@@ -53,7 +54,9 @@ def dry_run_report(config: PipelineConfig, nodes: list[NodeResources] | None = N
             continue  # e.g. reward workers: no model of their own
         try:
             estimate = _estimate(config, plan, name, role)
-        except (ValueError, OSError) as exc:  # a model it cannot count (MoE, a diffusion model), as for the nodes
+        except ConfigError:  # the estimate found the config wrong: that is the run's error, not a missing estimate
+            raise
+        except (ValueError, OSError) as exc:  # a model it cannot count (MoE), as for the nodes
             lines.append(f"{name}: no memory estimate ({exc})")
             continue
         if estimate is None:
