@@ -38,10 +38,15 @@ class FlowParts:
     family: Literal["image", "video"]
 
     @property
+    def named_text_encoders(self) -> dict[str, torch.nn.Module]:
+        """The pipeline's text encoders (frozen) by component name, in the order of their names."""
+        names = ("text_encoder", "text_encoder_2", "text_encoder_3")
+        return {name: module for name in names if (module := getattr(self.pipeline, name, None)) is not None}
+
+    @property
     def text_encoders(self) -> list[torch.nn.Module]:
         """The pipeline's text encoders (frozen)."""
-        names = ("text_encoder", "text_encoder_2", "text_encoder_3")
-        return [module for name in names if (module := getattr(self.pipeline, name, None)) is not None]
+        return list(self.named_text_encoders.values())
 
 
 def flow_family(model: str) -> Literal["image", "video"] | None:
@@ -129,25 +134,29 @@ def transformers_models(folder: Path, dtype: torch.dtype) -> dict[str, torch.nn.
 
 
 def save_flow_parts(
-    parts: FlowParts, output_dir: str | Path, transformer_state: dict[str, torch.Tensor] | None = None
+    parts: FlowParts, output_dir: str | Path, states: dict[str, dict[str, torch.Tensor]] | None = None
 ) -> Path:
-    """Write the pipeline as a diffusers directory; `transformer_state` (full tensors gathered from a sharded engine)
-    replaces the transformer's weights, written as one safetensors file."""
+    """Write the pipeline as a diffusers directory; `states` by component name (full tensors gathered from a sharded
+    engine: under ZeRO-3 a module's own parameters are empty partitions) replace those components' weights."""
+    import transformers
     from safetensors.torch import save_file
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pipeline = parts.pipeline
     pipeline.save_config(out)  # model_index.json
+    states = states or {}
     for name, component in pipeline.components.items():
         if component is None or not hasattr(component, "save_pretrained"):
             continue
-        if name == "transformer" and transformer_state is not None:
+        state = {key: tensor.contiguous() for key, tensor in states.get(name, {}).items()}
+        if not state:
+            component.save_pretrained(out / name)
+        elif isinstance(component, transformers.PreTrainedModel):
+            component.save_pretrained(out / name, state_dict=state)
+        else:
             shutil.rmtree(out / name, ignore_errors=True)  # no shard index of an earlier save may remain
             (out / name).mkdir()
             component.save_config(out / name)
-            weights = {key: tensor.contiguous() for key, tensor in transformer_state.items()}
-            save_file(weights, str(out / name / "diffusion_pytorch_model.safetensors"))
-        else:
-            component.save_pretrained(out / name)
+            save_file(state, str(out / name / "diffusion_pytorch_model.safetensors"))
     return out

@@ -235,9 +235,17 @@ class FlowRewardModel(torch.nn.Module):
         return (pixels / 2 + 0.5).clamp(0, 1)
 
     def save_pretrained(self, output_dir: str, state_dict: dict[str, torch.Tensor], **_: Any) -> None:
-        """Write the trained pipeline as a diffusers directory from full weights by parameter name (LoRA merged)."""
-        prefix = "transformer."
-        weights = {name[len(prefix) :]: t for name, t in state_dict.items() if name.startswith(prefix)}
-        persistent = self.transformer.state_dict().keys()
-        buffers = {name: buffer for name, buffer in self.transformer.named_buffers() if name in persistent}
-        save_flow_parts(self.parts, output_dir, merge_lora(buffers | weights, self.lora_scaling))
+        """Write the trained pipeline as a diffusers directory from full weights by parameter name (LoRA merged). The
+        frozen parts are written from them too: under ZeRO-3 their own parameters are empty partitions."""
+        encoders = self.parts.named_text_encoders.items()  # self.text_encoders holds them in this order
+        modules = {"transformer": ("transformer.", self.transformer), "vae": ("vae.", self.vae)} | {
+            name: (f"text_encoders.{index}.", encoder) for index, (name, encoder) in enumerate(encoders)
+        }
+        states = {}
+        for part, (prefix, module) in modules.items():
+            weights = {name[len(prefix) :]: t for name, t in state_dict.items() if name.startswith(prefix)}
+            persistent = module.state_dict().keys()
+            buffers = {name: buffer for name, buffer in module.named_buffers() if name in persistent}
+            states[part] = buffers | weights
+        states["transformer"] = merge_lora(states["transformer"], self.lora_scaling)
+        save_flow_parts(self.parts, output_dir, states)
