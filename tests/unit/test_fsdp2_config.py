@@ -143,6 +143,16 @@ def test_fsdp2_infer_checks_precision_and_torch_but_not_what_only_training_needs
         role(BLOCKS["fsdp2"], strategy="fsdp2_infer", name="reference")
 
 
+def test_what_a_frozen_fsdp2_infer_model_cannot_do_is_refused() -> None:
+    """Without a backward pass nothing would reshard a layer kept gathered; LoRA would rename the synced weights."""
+    kept = BLOCKS["fsdp2"] | {"reshard_after_forward": False}
+    role(kept)  # training reshards in backward
+    with pytest.raises(ConfigError, match=r"reference.strategy_args.strategy_config.reshard_after_forward=false"):
+        role(kept, strategy="fsdp2_infer", name="reference")
+    with pytest.raises(ConfigError, match=r"reference.model_args.lora_rank=8: fsdp2_infer serves a frozen model"):
+        role(BLOCKS["fsdp2"], strategy="fsdp2_infer", name="reference", lora_rank=8)
+
+
 def test_dry_run_counts_an_fsdp2_infer_rank_as_deepspeed_infer_at_zero3() -> None:
     """Its parameters are split over the ranks as ZeRO-3 splits them, in host memory under `cpu_offload`."""
     zero3 = yaml.safe_load((CONFIG_DIR / "deepspeed_zero3.yaml").read_text())["deepspeed_zero3"]
@@ -163,3 +173,17 @@ def test_dry_run_counts_an_fsdp2_infer_rank_as_deepspeed_infer_at_zero3() -> Non
     assert params[("fsdp2_infer", "fsdp2")] == zero3_params and zero3_params[0][1] == "device"
     assert params[("fsdp2_infer", "fsdp2_cpuoffload")] == [(zero3_params[0][0], "host")]
     assert "fsdp2_infer counted as ZeRO-3" in estimates[("fsdp2_infer", "fsdp2")].notes[0]
+
+
+def test_dry_run_counts_fsdp2_train_shards_in_fp32_whatever_the_compute_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsdp2_train keeps every shard in fp32 (a LoRA's frozen base too) and has no second master copy."""
+    monkeypatch.setattr(cpu.CpuPlatform, "dtype_unsupported_reason", lambda self, dtype: "")
+
+    def params(dtype: str, lora_rank: int = 0) -> int:
+        trained = role(BLOCKS["fsdp2"], dtype=dtype, model_name_or_path="tiny://qwen2", lora_rank=lora_rank)
+        estimate = estimate_rank(trained, prompt_length=6, response_length=10)
+        assert not any(item.name == "fp32 master" for item in estimate.resident)
+        return next(item.nbytes for item in estimate.resident if item.name == "params")
+
+    assert params("bf16") == params("fp32")
+    assert params("bf16", lora_rank=8) == params("fp32", lora_rank=8) > params("fp32")  # base and adapters, at 4 bytes

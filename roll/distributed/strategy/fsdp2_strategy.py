@@ -53,7 +53,8 @@ TORCH_FEATURES = {"": ("fully_shard", "MixedPrecisionPolicy", "OffloadPolicy"), 
 def parse_fsdp2_config(worker_config: WorkerConfig, backend: str = BACKEND) -> FSDP2Config:
     """The role's block as `FSDP2Config`; a ConfigError names a DeepSpeed-only key, a wrong value, a mesh that does
     not divide the role's ranks, a precision its devices lack or an option the torch in use does not have. For
-    fsdp2_train (the `backend` checked for) also fp16 (no loss scaler) and an LR schedule without its step count."""
+    fsdp2_train (the `backend` checked for) also fp16 (no loss scaler) and an LR schedule without its step count; for
+    fsdp2_infer `reshard_after_forward=false` (nothing would reshard) and LoRA."""
     training = backend == BACKEND
     role = worker_config.name
     where = f"{role}.strategy_args.strategy_config"
@@ -70,6 +71,16 @@ def parse_fsdp2_config(worker_config: WorkerConfig, backend: str = BACKEND) -> F
         raise ConfigError(
             f"{where}.shard_size={config.shard_size} does not divide {role}'s {world} rank(s); set it to a divisor "
             f"of {world} (0: all of them) or change {role}.device_mapping"
+        )
+    if not training and not config.reshard_after_forward:
+        raise ConfigError(
+            f"{where}.reshard_after_forward=false: {backend} runs no backward pass, which is where FSDP2 reshards, "
+            "so every rank would keep the whole model gathered; leave it true"
+        )
+    if not training and worker_config.model_args.lora_rank:
+        raise ConfigError(
+            f"{role}.model_args.lora_rank={worker_config.model_args.lora_rank}: {backend} serves a frozen model, and "
+            "LoRA adapters would rename its weights away from those the trainer syncs; set lora_rank=0"
         )
     dtype = worker_config.model_args.dtype
     if training and dtype == "fp16":

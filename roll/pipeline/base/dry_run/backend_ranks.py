@@ -152,7 +152,8 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
             params,
             ranks,
             trainable=trainable,
-            dtype=dtype,
+            # fsdp2_train keeps every shard in fp32 (frozen LoRA bases too) and computes in `dtype`: no second copy.
+            dtype="fp32" if fsdp2 else dtype,
             offload_optimizer=offload_optimizer,
             offload_params=offload_params,
         )
