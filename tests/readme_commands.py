@@ -324,6 +324,7 @@ MEASUREMENTS = (
     "python benchmarks/training_backends.py --model medium --write-docs",
     "python benchmarks/diffusion_memory.py --malloc-threshold",
     "python benchmarks/diffusion_memory.py --steps 2 --malloc-threshold",
+    "python benchmarks/diffusion_memory.py --model flow --steps 2 --malloc-threshold",
     "python benchmarks/memory_estimate.py --malloc dynamic",
     # An agent run's export served by vLLM and scored (docs/agentic.md, serving the export).
     "python examples/agents/score_served.py output/agentic_calculator_agent",

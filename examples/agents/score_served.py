@@ -173,7 +173,11 @@ def main() -> None:
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=60)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # a server that ignores SIGTERM must not outlive the script
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
     served = sum(successes) / len(successes)
     print(f"vllm serve {model}: up in {startup_s:.0f} s, {len(successes)} held-out episodes in {played_s:.1f} s")
     print(f"held-out success, served by vLLM (temperature {args.temperature:g}): {served:.2f}")
