@@ -139,7 +139,9 @@ def agent_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ag
         mixed = MixedRollout(mixed_env, pipeline.tokenizer, pipeline.pad_id, server)
         mixed_batch, mixed_metrics = mixed.run(recording, [s for s in range(4) for _ in range(2)], args, 11)
         mixed.close()
-        in_worker = _runs_in_a_worker(replace(config.env, num_env_workers=1), pipeline, recording, args)
+        # A longer deadline than the driver-thread runs: each call also makes a Ray round trip to the worker.
+        worker_env = replace(config.env, num_env_workers=1, agent_timeout_s=TIMEOUT_S + 2)
+        in_worker = _runs_in_a_worker(worker_env, pipeline, recording, args)
     finally:
         pipeline.shutdown()
     return AgentRun(

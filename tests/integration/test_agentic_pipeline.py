@@ -41,23 +41,25 @@ def test_two_steps_of_episodes_train_checkpoint_and_resume(ray_session: None, tm
         assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-6, abs=1e-9), key
 
 
-# Two sources instead of env.name: guess_number as the recipe has it, and the calculator (its episodes end after
-# two answers). Weighted 1:1, seeds 0-3, 4-7 and 8-11 draw 3, 2 and 1 calculator groups of 4; the 8 held-out
-# seeds draw both.
+# Three sources instead of env.name: guess_number as the recipe has it, the calculator (its episodes end after two
+# answers), and an agent written with the openai client (tests/agents.py) answering `task <seed>` in two calls
+# through roll's endpoint. Weighted 1:1:2, each step's 4 seeds (0-3, 4-7, 8-11) draw these groups of 4; the 8
+# held-out seeds draw all three.
 MIXED = (
     "~env.kwargs",
     "++env.sources=[{name: guess, env: guess_number, kwargs: {n: 16, max_turns: 5}}, "
-    "{name: calc, env: calculator_arithmetic, kwargs: {min_digits: 2, max_digits: 2, max_turns: 2}}]",
+    "{name: calc, env: calculator_arithmetic, kwargs: {min_digits: 2, max_digits: 2, max_turns: 2}}, "
+    "{name: agent, env: tests.agents.EchoTask, agent: tests.agents.extending_agent, weight: 2}]",
 )
-CALCULATOR_GROUPS = (3, 2, 1)
+GROUPS = ({"agent": 3, "guess": 1}, {"agent": 2, "guess": 1, "calc": 1}, {"agent": 1, "calc": 2, "guess": 1})
 
 
 @pytest.fixture(scope="module")
 def overlapped_on_vllm(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """Three steps whose episodes vLLM (on a device slot of its own) plays during the previous update, the
-    environments of two sources (guess_number and the calculator, `MIXED`) in an env-worker actor each, with the
-    TIS correction and a checkpoint after each step: the output directory and metrics rows of one run for the tests
-    below."""
+    environments of three sources (guess_number, the calculator and an agent's, `MIXED`) in an env-worker actor
+    each (the agent's calls through the endpoint, backed by vLLM), with the TIS correction and a checkpoint after
+    each step: the output directory and metrics rows of one run for the tests below."""
     output = tmp_path_factory.mktemp("overlapped_on_vllm")
     return output, run(
         output,
@@ -68,7 +70,7 @@ def overlapped_on_vllm(ray_session: None, tmp_path_factory: pytest.TempPathFacto
         "actor_infer.strategy_args.strategy_name=vllm",
         "async_generation_ratio=1",
         "algorithm.tis_cap=2.0",
-        "env.num_env_workers=1",  # one actor per source: two env-worker processes in all
+        "env.num_env_workers=1",  # one actor per source: three env-worker processes in all
         "save_steps=1",
         *MIXED,
     )
@@ -95,23 +97,29 @@ def test_episodes_played_during_the_previous_update_by_env_workers(overlapped_on
 def test_each_source_plays_in_env_workers_of_its_own_with_metrics_per_source(
     overlapped_on_vllm: tuple[Path, list[dict]],
 ) -> None:
-    """env.sources: each episode plays its seed's source, built with that source's kwargs in the env workers; the
-    rollout and held-out metrics come per source, and the overall ones are over both."""
+    """env.sources: each episode plays its seed's source, built with that source's kwargs in the env workers (the
+    agent's episodes run by the agent in its source's worker, its calls answered by vLLM through the endpoint);
+    the rollout and held-out metrics come per source, and the overall ones are over all of them."""
     rows = overlapped_on_vllm[1]
-    for row, calc_groups in zip(rows[1:], CALCULATOR_GROUPS, strict=True):
-        assert row["rollout/calc/env_errors"] == row["rollout/guess/env_errors"] == 0
-        assert 1 <= row["rollout/calc/turns_mean"] <= 2 and 1 <= row["rollout/guess/turns_mean"] <= 5
-        calc, guess = calc_groups * 4, (4 - calc_groups) * 4
-        mean = (calc * row["rollout/calc/turns_mean"] + guess * row["rollout/guess/turns_mean"]) / 16
+    for row, groups in zip(rows[1:], GROUPS, strict=True):
+        for source in groups:
+            assert row[f"rollout/{source}/env_errors"] == 0, source
+        assert row["rollout/agent/agent_calls_per_episode"] == 2 and row["rollout/agent/agent_new_segments"] == 0
+        if "calc" in groups:
+            assert 1 <= row["rollout/calc/turns_mean"] <= 2
+        assert 1 <= row["rollout/guess/turns_mean"] <= 5
+        mean = sum(count * 4 * row[f"rollout/{source}/turns_mean"] for source, count in groups.items()) / 16
         assert row["rollout/turns_mean"] == pytest.approx(mean)
     for key in ("accuracy", "sampled_success"):
-        assert 0 <= rows[-1][f"val/calc/{key}"] <= 1 and 0 <= rows[-1][f"val/guess/{key}"] <= 1
+        for source in ("calc", "guess", "agent"):
+            assert 0 <= rows[-1][f"val/{source}/{key}"] <= 1, source
 
 
 def test_vllm_plays_the_episodes_token_in_token_out(overlapped_on_vllm: tuple[Path, list[dict]]) -> None:
-    """actor_infer on vLLM (CPU build) plays multi-turn episodes: each turn is a generate call on the ids so far.
-    With the TIS correction the engine reports its log-probs of the sampled tokens; the trainer's recomputed
-    log-probs of the same ids agree with them, so the ids trained on are the ids vLLM saw and sampled."""
+    """actor_infer on vLLM (CPU build) plays multi-turn episodes and answers the agent's calls: each turn or call is
+    a generate call on the ids so far. With the TIS correction the engine reports its log-probs of the sampled
+    tokens; the trainer's recomputed log-probs of the same ids agree with them, so the ids trained on are the ids
+    vLLM saw and sampled, the agent's included (step 1 is mostly the agent's)."""
     step = overlapped_on_vllm[1][1]
     assert 1 <= step["rollout/turns_mean"] <= 5 and step["rollout/env_errors"] == 0
     # Step 1's episodes were played by the weights it trains (staleness 0): the engine's and the trainer's

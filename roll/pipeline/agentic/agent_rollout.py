@@ -59,6 +59,7 @@ class AgentRollout:
         stop_ids: Sequence[int] = (),
         tasks: Callable[[int], AgentTask] | None = None,
         source: str = "",
+        workers: AgentWorkers | None = None,
     ) -> None:
         assert env.agent is not None
         self.env = env
@@ -72,7 +73,9 @@ class AgentRollout:
         self.with_engine_log_probs = with_engine_log_probs
         self.stop_ids = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
         self.sessions: list[AgentSession] = []  # the last run's, for its calls and segments
-        self.workers = AgentWorkers(env) if env.num_env_workers else None  # else the agents run in driver threads
+        # With env workers the agents run in their actors (`workers`, shared with the other rollouts of this agent),
+        # else in driver threads.
+        self.workers = workers or (AgentWorkers(env) if env.num_env_workers else None)
 
     def run(
         self, generate: Generate, seeds: Sequence[int], generating_args: GeneratingArguments, base_seed: int
@@ -109,7 +112,7 @@ class AgentRollout:
         if self.workers is not None:
             for episode, outcome in enumerate(outcomes):
                 if outcome.timed_out:
-                    self.workers.mark_hung(episode)
+                    self.workers.kill_hung(episode)
         played = [self._episode(session, outcome) for session, outcome in zip(self.sessions, outcomes, strict=True)]
         episodes = [episode for episode, _ in played]
         failed = [episode.error for episode in episodes if episode.error]

@@ -5,9 +5,10 @@ the driver sends) and runs the user's agent against the endpoint's URL, several 
 `env.max_concurrency` threads). The driver keeps the episode's deadline (`env.agent_timeout_s`) and the endpoint,
 which then listens on the node's address so an actor on any node of the cluster reaches it.
 
-An actor that dies ends the episodes it held as failed and is replaced at the next batch. One still running an
-episode past its deadline (a hung agent) is killed once its batch has ended, when its other episodes are done, and
-is replaced too: a hung agent ends only its own episode.
+An actor that dies ends the episodes it held as failed and is replaced at the next batch (one found dead between
+batches too). One still running an episode past its deadline (a hung agent) is killed as soon as its batch has
+ended, when its other episodes are done, and is replaced at the next: a hung agent ends only its own episode. The
+training and held-out rollouts of one agent share its actors.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ logger = logging.getLogger(__name__)
 def endpoint_host(env: EnvArguments) -> str:
     """Where the endpoint listens: the node's address when agents run in env workers (on any node), else loopback."""
     return ray.util.get_node_ip_address() if env.num_env_workers else "127.0.0.1"
+
+
+def agent_workers_of(env: EnvArguments) -> dict[str, AgentWorkers]:
+    """The actors of each agent that plays in env workers: `""` for `env.agent`, else each agent source's name."""
+    if not env.num_env_workers:
+        return {}
+    if env.agent is not None:
+        return {"": AgentWorkers(env)}
+    return {name: AgentWorkers(block) for name, block in env.source_envs().items() if block.agent is not None}
 
 
 class AgentActor:
@@ -61,22 +71,30 @@ class AgentWorkers:
         self.env = env
         self._remote = ray.remote(num_cpus=0, max_concurrency=env.max_concurrency)(AgentActor)
         self._actors: list[Any] = [None] * env.num_env_workers
-        self._hung: set[int] = set()  # actors with an episode still running past its deadline
 
     def start(self) -> None:
-        """Replace the actors lost or hung in the last batch, and wait until every actor is up (its start-up is not
-        counted in an episode's deadline). An actor that does not come up stays missing: its episodes fail."""
-        for index in sorted(self._hung):
-            self._kill(index)
-        self._hung.clear()
+        """Replace the actors lost since the last batch (found dead now, or killed), and wait until every actor is up
+        (its start-up is not counted in an episode's deadline). An actor that does not come up stays missing: its
+        episodes fail."""
+        for index, actor in enumerate(self._actors):
+            if actor is not None and not self._answers(actor, ACTOR_GRACE_S):
+                logger.warning("agent worker %d was lost between batches; it is replaced", index)
+                self._kill(index)
         started = {i: self._remote.remote(self.env) for i, actor in enumerate(self._actors) if actor is None}
         for index, actor in started.items():
-            try:
-                ray.get(actor.ready.remote(), timeout=ACTOR_START_TIMEOUT_S)
+            if self._answers(actor, ACTOR_START_TIMEOUT_S):
                 self._actors[index] = actor
-            except (RayActorError, GetTimeoutError) as exc:
-                logger.warning("agent worker %d did not start (%s): %s", index, type(exc).__name__, exc)
+            else:
+                logger.warning("agent worker %d did not start within %g s", index, ACTOR_START_TIMEOUT_S)
                 ray.kill(actor)
+
+    @staticmethod
+    def _answers(actor: Any, timeout_s: float) -> bool:
+        """Whether `actor` answers `ready` within `timeout_s`."""
+        try:
+            return ray.get(actor.ready.remote(), timeout=timeout_s)
+        except (RayActorError, GetTimeoutError):
+            return False
 
     def play(
         self, episode: int, seed: int, row: DataRow | None, base_url: str, api_key: str
@@ -91,16 +109,17 @@ class AgentWorkers:
             return ray.get(
                 actor.play.remote(seed, row, base_url, api_key), timeout=self.env.agent_timeout_s + ACTOR_GRACE_S
             )
-        except GetTimeoutError as exc:  # abandoned at its deadline already: `mark_hung` has its actor replaced
+        except GetTimeoutError as exc:  # abandoned at its deadline already: `kill_hung` has ended its actor
             raise RuntimeError(f"agent worker {index} did not answer within the episode's deadline") from exc
         except RayActorError as exc:
             if self._actors[index] is actor:  # not yet replaced (an abandoned episode's actor may have been)
                 self._actors[index] = None
             raise RuntimeError(f"agent worker {index} died ({exc}); it is replaced at the next batch") from exc
 
-    def mark_hung(self, episode: int) -> None:
-        """Episode `episode` was abandoned at its deadline: its actor is replaced before the next batch."""
-        self._hung.add(episode % len(self._actors))
+    def kill_hung(self, episode: int) -> None:
+        """Episode `episode` was abandoned at its deadline and its batch has ended: its actor, still running the hung
+        agent, is killed now and replaced at the next batch."""
+        self._kill(episode % len(self._actors))
 
     def close(self) -> None:
         """End the actors."""
@@ -108,6 +127,7 @@ class AgentWorkers:
             self._kill(index)
 
     def _kill(self, index: int) -> None:
+        """End actor `index` (if running) and leave its slot empty."""
         if self._actors[index] is not None:
             ray.kill(self._actors[index])
             self._actors[index] = None

@@ -18,7 +18,7 @@ from roll.distributed.scheduler.protocol import DataProto
 from roll.models.processors import processor_for
 from roll.pipeline.agentic.agent_rollout import AgentRollout
 from roll.pipeline.agentic.agent_tasks import task_maker
-from roll.pipeline.agentic.agent_workers import endpoint_host
+from roll.pipeline.agentic.agent_workers import agent_workers_of, endpoint_host
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.mixed_rollout import MixedRollout
@@ -85,6 +85,8 @@ class EnvRollouts:
         # an environment's or (env.agent_task=data) the rows of `data`.
         self.server = ChatServer(endpoint_host(env)) if env.has_agents() else None
         self.agent_tasks = task_maker(env, data) if env.agent else None
+        # With env workers, each agent's actors, shared by the training and the held-out rollouts (by source name).
+        self.agent_workers = agent_workers_of(env)
         self.rollout = self._rollout(tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.greedy_rollout = self._rollout(tokenizer, pad_id, False, stop_ids)
         self.all_failed_batches: dict[str, int] = {}  # by source: training batches in a row whose every episode failed
@@ -93,10 +95,19 @@ class EnvRollouts:
         self, tokenizer: Any, pad_id: int, with_engine_log_probs: bool, stop_ids: Sequence[int]
     ) -> MultiTurnRollout | AgentRollout | MixedRollout:
         if self.server is not None and self.env.sources:  # some sources played by agents
-            return MixedRollout(self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids)
+            return MixedRollout(
+                self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids, self.agent_workers
+            )
         if self.server is not None:
             return AgentRollout(
-                self.env, tokenizer, pad_id, self.server, with_engine_log_probs, stop_ids, self.agent_tasks
+                self.env,
+                tokenizer,
+                pad_id,
+                self.server,
+                with_engine_log_probs,
+                stop_ids,
+                self.agent_tasks,
+                workers=self.agent_workers.get(""),
             )
         # A vision-language policy's processor encodes observations that show images (its tokenizer's directory).
         processor = processor_for(tokenizer.name_or_path)

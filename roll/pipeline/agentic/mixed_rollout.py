@@ -18,6 +18,7 @@ from roll.algorithms.episode_rows import EPISODE_INDEX
 from roll.configs.worker_config import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.agentic.agent_rollout import AgentRollout
+from roll.pipeline.agentic.agent_workers import AgentWorkers
 from roll.pipeline.agentic.agentic_config import EnvArguments
 from roll.pipeline.agentic.chat_server import ChatServer
 from roll.pipeline.agentic.generation_queue import Generate
@@ -53,6 +54,7 @@ class MixedRollout:
         server: ChatServer,
         with_engine_log_probs: bool = False,
         stop_ids: Sequence[int] = (),
+        agent_workers: dict[str, AgentWorkers] | None = None,
     ) -> None:
         self.env = env
         self.pad_id = pad_id
@@ -60,7 +62,16 @@ class MixedRollout:
         # All sources stay in the environments' block, so the draw of each seed's source is the run's.
         self.environments = MultiTurnRollout(env, tokenizer, pad_id, with_engine_log_probs, stop_ids)
         self.agents = {
-            name: AgentRollout(block, tokenizer, pad_id, server, with_engine_log_probs, stop_ids, source=name)
+            name: AgentRollout(
+                block,
+                tokenizer,
+                pad_id,
+                server,
+                with_engine_log_probs,
+                stop_ids,
+                source=name,
+                workers=(agent_workers or {}).get(name),
+            )
             for name, block in blocks.items()
             if block.agent is not None
         }
