@@ -76,6 +76,18 @@ def checkpoint_meta(path: Path) -> dict[str, Any]:
     return json.loads((path / MARKER).read_text())
 
 
+def check_checkpoint_backend(path: Path, backend: str) -> None:
+    """ValueError unless checkpoint `path` was written by training backend `backend` (one without a record was
+    written by deepspeed_train); the message says how to move a run to another backend."""
+    written_by = checkpoint_meta(path).get("backend", "deepspeed_train")
+    if written_by != backend:
+        raise ValueError(
+            f"{path} was written by {written_by}, and {backend} resumes only its own checkpoints; resume with "
+            f"{written_by}, or start a new run on {backend} from the old run's export (pretrain=<its run dir>/model: "
+            "the weights carry over, the optimizer state and the step count do not)"
+        )
+
+
 def restore_rng(path: Path, rank: int) -> None:
     """Restore this rank's RNG states from checkpoint `path` (a rank the checkpoint had no states for keeps its own)."""
     rng_file = path / f"rng_rank{rank}.pt"

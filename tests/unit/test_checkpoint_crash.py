@@ -11,6 +11,7 @@ session's Ray and its gRPC threads, once left it hung in a later Ray call.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from roll.pipeline.base import checkpoint_state
 from roll.pipeline.base.checkpoint_state import ROLES, latest_complete_tag, load_driver_state, remove_old_checkpoints
-from roll.utils.staged_checkpoint import resolve_checkpoint, staged_checkpoint
+from roll.utils.staged_checkpoint import MARKER, check_checkpoint_backend, resolve_checkpoint, staged_checkpoint
 
 ROLE = "actor_train"
 
@@ -147,3 +148,16 @@ def test_keep_last_n_never_removes_the_only_complete_checkpoint(tmp_path: Path) 
     assert status == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_4"]
     assert sorted(p.name for p in (tmp_path / ROLE).iterdir() if p.name.startswith("step_")) == ["step_4"]
+
+
+def test_a_checkpoint_of_another_training_backend_is_refused_with_the_way_to_switch(tmp_path: Path) -> None:
+    """A backend resumes only its own checkpoints (one without a record is DeepSpeed's); the error says how to move a
+    run to the other backend."""
+    for backend, marker in (("fsdp2_train", {"backend": "fsdp2_train"}), ("deepspeed_train", {})):
+        path = tmp_path / backend
+        path.mkdir()
+        (path / MARKER).write_text(json.dumps({"dp_size": 2, **marker}))
+        check_checkpoint_backend(path, backend)
+        other = "deepspeed_train" if backend == "fsdp2_train" else "fsdp2_train"
+        with pytest.raises(ValueError, match=rf"written by {backend}, and {other} resumes only its own.*pretrain="):
+            check_checkpoint_backend(path, other)

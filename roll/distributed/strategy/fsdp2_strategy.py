@@ -43,7 +43,12 @@ from roll.distributed.strategy.training import (
 )
 from roll.models.hf_weights import hf_named_weights
 from roll.models.model_providers import dtype_from_name
-from roll.utils.staged_checkpoint import checkpoint_meta, resolve_checkpoint, restore_rng, staged_checkpoint
+from roll.utils.staged_checkpoint import (
+    check_checkpoint_backend,
+    resolve_checkpoint,
+    restore_rng,
+    staged_checkpoint,
+)
 
 BACKEND = "fsdp2_train"  # recorded in its checkpoints' marker: a DeepSpeed checkpoint is not loaded as one
 # What each option of the block needs from torch.distributed.fsdp ("" : every block).
@@ -361,9 +366,7 @@ class FSDP2TrainStrategy(FSDP2Sharded, ShardedModelCompute, TrainStrategy):
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         path = resolve_checkpoint(load_dir, tag)
-        backend = checkpoint_meta(path).get("backend", "deepspeed_train")
-        if backend != BACKEND:
-            raise ValueError(f"{path} was written by {backend}; {BACKEND} resumes only its own checkpoints")
+        check_checkpoint_backend(path, BACKEND)
         state = self._sharded_state()
         dcp.load(state, checkpoint_id=str(path / "state"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -20,7 +20,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from roll.utils.staged_checkpoint import MARKER, checkpoint_meta, resolve_checkpoint, restore_rng, staged_checkpoint
+from roll.utils.staged_checkpoint import (
+    MARKER,
+    check_checkpoint_backend,
+    checkpoint_meta,
+    resolve_checkpoint,
+    restore_rng,
+    staged_checkpoint,
+)
 
 __all__ = ["MARKER", "load", "save"]
 
@@ -58,6 +65,7 @@ def load(engine: Any, load_dir: str, tag: str | None = None) -> tuple[str, dict[
     """
     rank, world = _rank_and_world()
     path = resolve_checkpoint(load_dir, tag)
+    check_checkpoint_backend(path, "deepspeed_train")
     meta = checkpoint_meta(path)
     tp_size = _tensor_parallel_size(engine)
     saved_tp = meta.get("tp_size", 1)
