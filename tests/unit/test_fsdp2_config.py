@@ -176,14 +176,20 @@ def test_dry_run_counts_an_fsdp2_infer_rank_as_deepspeed_infer_at_zero3() -> Non
 
 
 def test_dry_run_counts_fsdp2_train_shards_in_fp32_whatever_the_compute_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fsdp2_train keeps every shard in fp32 (a LoRA's frozen base too) and has no second master copy."""
+    """fsdp2_train keeps every shard in fp32 (a LoRA's frozen base too), with no second master copy, and steps them
+    with torch's AdamW."""
     monkeypatch.setattr(cpu.CpuPlatform, "dtype_unsupported_reason", lambda self, dtype: "")
 
     def params(dtype: str, lora_rank: int = 0) -> int:
         trained = role(BLOCKS["fsdp2"], dtype=dtype, model_name_or_path="tiny://qwen2", lora_rank=lora_rank)
         estimate = estimate_rank(trained, prompt_length=6, response_length=10)
         assert not any(item.name == "fp32 master" for item in estimate.resident)
-        return next(item.nbytes for item in estimate.resident if item.name == "params")
+        # torch's AdamW steps the fp32 shards in place, one at a time on the host: no gradient copy, and two
+        # temporaries of one shard (far below the rank's 2 x params of DeepSpeed's flat partition).
+        step = estimate.phases["optimizer step"]
+        params = next(item.nbytes for item in estimate.resident if item.name == "params")
+        assert [item.name for item in step] == ["AdamW temporaries"] and step[0].nbytes < params
+        return params
 
     assert params("bf16") == params("fp32")
     assert params("bf16", lora_rank=8) == params("fp32", lora_rank=8) > params("fp32")  # base and adapters, at 4 bytes

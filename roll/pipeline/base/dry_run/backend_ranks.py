@@ -32,6 +32,7 @@ from roll.pipeline.base.dry_run.model_states import (
     _tensor_parallel_share,
     _zero_block,
     optimizer_step_bytes,
+    torch_adamw_step_bytes,
     zero_model_states,
 )
 
@@ -136,7 +137,10 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
     params, trainable = _model_params(role, shape, kind)
     tp_size = role.model_parallel_size
     notes: tuple[str, ...] = (
-        ("fsdp2_train counted as ZeRO-3 with a layer gathered and the next prefetched (not yet checked against a run)",)
+        (
+            "fsdp2_train counted as ZeRO-3 with a layer gathered and the next prefetched, its fp32 shards stepped by "
+            "torch's AdamW (docs/memory_estimate.md compares a 0.36B run)",
+        )
         if fsdp2
         else ()
     )
@@ -182,15 +186,19 @@ def _train_rank(role: WorkerConfig, shape: ModelShape, kind: str, lengths: _Leng
         forward.append(_gathered(shape, dtype, params, zero, training=False))
     elif stage in (1, 2):
         train.append(buckets)
-    step = optimizer_step_bytes(
-        stage,
-        trainable,
-        ranks,
-        dtype=dtype,
-        offload_optimizer=offload_optimizer,
-        fused_optimizer=platform == "cuda",
-        largest_param=shape.largest_param(),
-    )
+    if fsdp2:  # torch's AdamW on fp32 shards, on the host with CPU offload
+        foreach = platform != "cpu" and offload_optimizer == "none"
+        step = torch_adamw_step_bytes(_share(trainable, ranks), _share(shape.largest_param(), ranks), foreach)
+    else:
+        step = optimizer_step_bytes(
+            stage,
+            trainable,
+            ranks,
+            dtype=dtype,
+            offload_optimizer=offload_optimizer,
+            fused_optimizer=platform == "cuda",
+            largest_param=shape.largest_param(),
+        )
     phases = {"train micro-batch": tuple(train), "optimizer step": step, "log-prob forward": tuple(forward)}
     if stage == 0 and ranks > 1:
         flat = DTYPE_BYTES[dtype] * min(trainable, _DS_ALLREDUCE_CHUNK)

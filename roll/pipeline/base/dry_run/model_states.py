@@ -113,6 +113,14 @@ def optimizer_step_bytes(
     return tuple(items)
 
 
+def torch_adamw_step_bytes(trainable_share: int, largest_share: int, foreach: bool) -> tuple[MemoryItem, ...]:
+    """What torch's AdamW holds beyond the model states when it steps fp32 shards in place (fsdp2_train): no copy
+    of the gradients, which are fp32 already, and two temporaries the size of what one of its steps takes: the
+    rank's whole share with the multi-tensor (foreach) implementation torch picks for accelerator tensors, one
+    parameter's shard at a time for host tensors."""
+    return (MemoryItem("AdamW temporaries", 2 * FP32 * (trainable_share if foreach else largest_share)),)
+
+
 def _zero_block(role: WorkerConfig) -> tuple[int, str, str, dict[str, Any]]:
     """ZeRO stage, optimizer and parameter offload devices, and the zero_optimization block (as deepspeed_config)."""
     zero = (role.strategy_args.strategy_config or {}).get("zero_optimization", {})
