@@ -22,7 +22,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from roll.pipeline.agentic.agent_runner import load_agent, play_episode
 from roll.pipeline.agentic.agent_tasks import DataRow, DataTask, EnvTask, reward_fn_of
 from roll.pipeline.agentic.agentic_config import EnvArguments
-from roll.pipeline.agentic.env_workers import ACTOR_GRACE_S, ACTOR_START_TIMEOUT_S
+from roll.pipeline.agentic.env_workers import ACTOR_GRACE_S, actors_up
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +81,8 @@ class AgentWorkers:
                 logger.warning("agent worker %d was lost between batches; it is replaced", index)
                 self._kill(index)
         started = {i: self._remote.remote(self.env) for i, actor in enumerate(self._actors) if actor is None}
-        for index, actor in started.items():
-            if self._answers(actor, ACTOR_START_TIMEOUT_S):
-                self._actors[index] = actor
-            else:
-                logger.warning("agent worker %d did not start within %g s", index, ACTOR_START_TIMEOUT_S)
-                ray.kill(actor)
+        for index, actor in actors_up(started, "agent worker").items():
+            self._actors[index] = actor
 
     @staticmethod
     def _answers(actor: Any, timeout_s: float) -> bool:

@@ -61,6 +61,21 @@ class EnvActor:
 _REMOTE_ENV_ACTOR = ray.remote(num_cpus=0)(EnvActor)
 
 
+def actors_up(started: dict[int, Any], what: str) -> dict[int, Any]:
+    """Of the actors just `started` (by slot index), those that answer `ready` within `ACTOR_START_TIMEOUT_S`; the
+    others are killed, and a warning names each as `what` and its index."""
+    ready = {index: actor.ready.remote() for index, actor in started.items()}
+    up = {}
+    for index, actor in started.items():
+        try:
+            ray.get(ready[index], timeout=ACTOR_START_TIMEOUT_S)
+            up[index] = actor
+        except (RayActorError, GetTimeoutError) as exc:
+            logger.warning("%s %d did not start (%s): %s", what, index, type(exc).__name__, exc)
+            ray.kill(actor)
+    return up
+
+
 class EnvWorkers:
     """`num_envs` environment slots spread over `env.num_env_workers` Ray actors (fewer when slots are fewer)."""
 
@@ -128,14 +143,7 @@ class EnvWorkers:
         not count inside the first reset's timeout. One that does not come up is killed and left out: the reset
         ends its slots' episodes as failed."""
         started = {index: _REMOTE_ENV_ACTOR.remote(self.env, self._sizes[index]) for index in indices}
-        ready = {index: actor.ready.remote() for index, actor in started.items()}
-        for index, actor in started.items():
-            try:
-                ray.get(ready[index], timeout=ACTOR_START_TIMEOUT_S)
-            except (RayActorError, GetTimeoutError) as exc:
-                logger.warning("env worker %d did not start (%s): %s", index, type(exc).__name__, exc)
-                ray.kill(actor)
-                continue
+        for index, actor in actors_up(started, "env worker").items():
             self._actors[index] = actor
 
     def _answers(self, index: int, call: Any, method: str, count: int) -> list[EnvResult]:
