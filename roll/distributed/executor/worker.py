@@ -14,6 +14,7 @@ from roll.configs.worker_config import WorkerConfig
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.rank_layout import RankInfo
 from roll.platforms import current_platform
+from roll.third_party.deepspeed.cpu_info import reuse_cpu_info
 from roll.third_party.deepspeed.op_builds import use_environment_builds
 from roll.utils.console import configure_worker_logging
 from roll.utils.fileio import write_pid_file
@@ -49,6 +50,7 @@ class Worker:
         self.master = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0))
         self.platform = current_platform()
         use_environment_builds()  # this process's environment, on whichever node it runs
+        reuse_cpu_info()  # DeepSpeed's CPU ops ask about the CPU: once per machine boot, not thrice per process
         self.rank_info = RankInfo(rank=self.rank, dp_rank=self.rank, dp_size=self.world_size)
         self.compute_seconds = 0.0  # time spent inside @register-ed methods
         write_pid_file(f"{worker_config.name}-{self.rank}")

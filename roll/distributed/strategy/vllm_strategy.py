@@ -103,6 +103,9 @@ class VllmStrategy(EngineStrategy):
         path = resolve_model_path(model_args.model_name_or_path)  # tiny:// references included
         # vLLM reads these when it is imported and when the engine starts.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.config.multiprocessing else "0"
+        # vLLM's usage report probes the CPU (a second of CPU time) and posts it online from every engine; roll
+        # sends none, as with Ray's (`VLLM_NO_USAGE_STATS=0` in the role's env_vars turns it back on).
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         accelerator = self.worker.platform.is_accelerator
         if accelerator:
             device_kwargs = {
