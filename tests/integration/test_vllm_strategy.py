@@ -48,6 +48,13 @@ class EngineWorker(StrategyWorker):
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.strategy.load_weights(named_tensors)
 
+    @register(Dispatch.ONE_TO_ALL)
+    def usage_stats_enabled(self) -> bool:
+        """Whether vLLM reports usage (a CPU probe, posted online) from this engine's process."""
+        from vllm.usage.usage_lib import is_usage_stats_enabled
+
+        return is_usage_stats_enabled()
+
     @register(Dispatch.DP_COMPUTE)
     def score(self, batch: DataProto, k: int, vocab_size: int | None) -> DataProto:
         """What the reference and the teachers ask for: the responses' log-probs and the top-k at each position."""
@@ -304,6 +311,10 @@ def test_wrong_name_or_shape_fails_naming_it_and_a_partial_sync_blocks_generatio
         clusters["vllm"].load_weights(weights["old"][:1])
     clusters["vllm"].load_weights(weights["old"][4:])
     assert torch.equal(clusters["vllm"].generate(batch, GREEDY).batch["output_ids"], before)
+
+
+def test_engines_send_no_usage_report(clusters: dict[str, Cluster]) -> None:
+    assert clusters["vllm"].usage_stats_enabled() == [False] * clusters["vllm"].world_size
 
 
 @pytest.mark.slow
