@@ -329,6 +329,7 @@ MEASUREMENTS = (
     # An agent run's export served by vLLM and scored (docs/agentic.md, serving the export).
     "python examples/agents/score_served.py output/agentic_calculator_agent",
     # Each test file alone, one after another: as long as the whole suite's CPU time (docs/testing.md).
+    "python benchmarks/suite_cpu.py",
     "python benchmarks/suite_cpu.py --write-docs",
     *(
         f"THP_MEM_ALLOC_ENABLE={thp} {python} benchmarks/offload_bandwidth.py --params-millions 64 --repeats 7 "
