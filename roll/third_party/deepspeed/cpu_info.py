@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roll.utils.fileio import cache_root
+from roll.utils.fileio import cache_root, write_text_atomically
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -38,7 +37,7 @@ def reuse_cpu_info(cache_dir: str | None = None) -> None:
 
 
 def _read_or_probe(path: Path, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The probe stored at `path`, else a new probe, stored there whole (written aside, then renamed into place)."""
+    """The probe stored at `path`, else a new probe, stored there whole."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -47,9 +46,7 @@ def _read_or_probe(path: Path, probe: Callable[[], dict[str, Any]]) -> dict[str,
     if info:  # py-cpuinfo answers {} when its probe process failed: not worth keeping
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            staged = path.with_name(f".{path.name}.{os.getpid()}")
-            staged.write_text(json.dumps(info))
-            os.replace(staged, path)
+            write_text_atomically(path, json.dumps(info))
         except OSError:
             pass  # a read-only cache costs the probe again next time, nothing else
     return info
