@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from roll.distributed.scheduler.initialize import LOCAL_RAY_ENV
+
 if TYPE_CHECKING:
     from roll.distributed.scheduler.resource_manager import ResourceManager
     from tests.worker_pool import HostPool
@@ -21,6 +23,9 @@ CONFIG_DIR = REPO_ROOT / "examples" / "config"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The local Ray's settings for every Ray a test starts, including the heads and nodes it starts itself.
+for _name, _value in LOCAL_RAY_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 # Logical CPUs of the test Ray: room for two reservations of device slots and device-less workers. They
 # exceed the 2 physical cores on purpose; workers cap their own threads.

@@ -27,7 +27,8 @@ def _full_bytes(param: torch.nn.Parameter) -> int:
     return getattr(param, "ds_numel", param.numel()) * param.element_size()
 
 
-def _is_peft_model(model: torch.nn.Module) -> bool:
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """Whether `model` is a PEFT model, without importing peft where none was made."""
     # peft costs a worker ~0.3 s of CPU to import; a model can only be a PeftModel once peft is loaded.
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
@@ -43,7 +44,7 @@ def hf_named_weights(model: torch.nn.Module, gather: Gather | None = None) -> It
     full-trained heads (`modules_to_save`) replace the originals, and the PEFT name prefixes are
     removed.
     """
-    if not _is_peft_model(model):
+    if not is_peft_model(model):
         named = list(model.named_parameters())
         if gather is None:
             for name, param in named:

@@ -14,6 +14,18 @@ logger = logging.getLogger(__name__)
 # Variables every Ray worker process inherits: one BLAS thread unless a worker raises its own cap,
 # and the platform the driver resolved.
 _INHERITED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "DS_ACCELERATOR")
+# Settings of the Ray daemons a local Ray starts, read from the environment when they start. Each spares CPU that
+# a small machine's run needs (measured in docs/testing.md, "Ray's own processes"); a variable already set wins.
+LOCAL_RAY_ENV = {
+    # No Python workers started ahead of demand: a run's actors start their own, and the pre-started ones idled
+    # after importing Ray (about 3 CPU-seconds each).
+    "RAY_prestart_worker_first_driver": "0",
+    "RAY_enable_worker_prestart": "0",
+    # The log monitor lists the log folder every 0.5 s instead of every 0.1 s while it holds under 1000 files.
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    # No metrics for a Prometheus that an embedded Ray has no dashboard to serve.
+    "RAY_enable_metrics_collection": "0",
+}
 
 
 def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform_name: str) -> None:
@@ -41,6 +53,8 @@ def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform
         ray.init(address=target, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
     else:
         logger.info("starting an embedded Ray with %s logical CPUs", num_cpus)
+        for name, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(name, value)
         ray.init(
             # "local" starts a new Ray even when another one runs on this machine (without it, Ray joins the
             # last cluster `ray start` launched here, which is not the embedded Ray the run asked for).

@@ -44,6 +44,7 @@ from roll.distributed.strategy.training import (
 from roll.distributed.weight_sync.buckets import NamedTensors, spec_of
 from roll.models.hf_weights import Gather, hf_named_weights
 from roll.third_party.deepspeed import checkpoint as deepspeed_checkpoint
+from roll.third_party.deepspeed.muon_import import import_muon_uncompiled
 from roll.utils.console import prints_to_log, reapply_library_levels
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class DeepSpeedInferStrategy(ShardedModelCompute, InferenceStrategy):
         self.weight_shapes = {
             name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters(remove_duplicate=False)
         }
+        import_muon_uncompiled()  # before DeepSpeed imports it, compiling kernels no roll optimizer uses
         engine = self._build_engine(model)
         # ZeRO-Infinity: DeepSpeed's swapper keeps these states on NVMe and owns their buffers, so phase offloading
         # leaves the engine alone (offload_states and load_states move nothing).

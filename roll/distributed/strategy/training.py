@@ -15,6 +15,7 @@ import torch
 
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import TrainingArguments, WorkerConfig
+from roll.models.hf_weights import is_peft_model
 from roll.platforms import current_platform
 
 
@@ -77,9 +78,7 @@ def write_hf_export(
             state_dict[name] = tensor.cpu()
     if rank == 0:
         os.makedirs(output_dir, exist_ok=True)
-        from peft import PeftModel
-
-        plain = model.get_base_model() if isinstance(model, PeftModel) else model
+        plain = model.get_base_model() if is_peft_model(model) else model
         plain.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         stored = {tensor.dtype for tensor in state_dict.values() if tensor.is_floating_point()}
         recorded = getattr(plain.config, "dtype", None)  # a diffusers pipeline's config records none
