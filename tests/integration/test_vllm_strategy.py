@@ -313,6 +313,7 @@ def test_wrong_name_or_shape_fails_naming_it_and_a_partial_sync_blocks_generatio
     assert torch.equal(clusters["vllm"].generate(batch, GREEDY).batch["output_ids"], before)
 
 
+@pytest.mark.slow  # alone it starts the module's engines (45 s in the fast tier); with the others they are shared
 def test_engines_send_no_usage_report(clusters: dict[str, Cluster]) -> None:
     assert clusters["vllm"].usage_stats_enabled() == [False] * clusters["vllm"].world_size
 
