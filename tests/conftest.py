@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from roll.distributed.scheduler.initialize import LOCAL_RAY_ENV
+from roll.distributed.scheduler.initialize import use_local_ray_settings
 
 if TYPE_CHECKING:
     from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -24,8 +24,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.envi
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The local Ray's settings for every Ray a test starts, including the heads and nodes it starts itself.
-for _name, _value in LOCAL_RAY_ENV.items():
-    os.environ.setdefault(_name, _value)
+use_local_ray_settings()
 
 # Logical CPUs of the test Ray: room for two reservations of device slots and device-less workers. They
 # exceed the 2 physical cores on purpose; workers cap their own threads.

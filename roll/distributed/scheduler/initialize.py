@@ -28,6 +28,12 @@ LOCAL_RAY_ENV = {
 }
 
 
+def use_local_ray_settings() -> None:
+    """Put LOCAL_RAY_ENV into this process's environment, for the Ray daemons it starts, where not set already."""
+    for name, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(name, value)
+
+
 def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform_name: str) -> None:
     """Connect to `address` (or `$RAY_ADDRESS`) if given, else start Ray in this process.
 
@@ -53,8 +59,7 @@ def init_ray(address: str | None, namespace: str, num_cpus: int | None, platform
         ray.init(address=target, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
     else:
         logger.info("starting an embedded Ray with %s logical CPUs", num_cpus)
-        for name, value in LOCAL_RAY_ENV.items():
-            os.environ.setdefault(name, value)
+        use_local_ray_settings()
         ray.init(
             # "local" starts a new Ray even when another one runs on this machine (without it, Ray joins the
             # last cluster `ray start` launched here, which is not the embedded Ray the run asked for).
