@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from roll.cli import ENTRIES
@@ -210,6 +211,22 @@ def test_any_schema_field_overrides_without_plus() -> None:
     overrides = ["platform=cpu", "devices_per_node=2", "actor_train.model_args.dtype=fp32", "seed=7"]
     config = load_pipeline_config(compose_config("cluster_check", overrides), ClusterCheckConfig)
     assert config.actor_train.model_args.dtype == "fp32" and config.seed == 7
+
+
+def test_a_schema_node_is_built_once_and_rebuilt_when_its_store_entry_changes() -> None:
+    store = ConfigStore.instance().repo
+    register_schema_defaults("cluster_check", ClusterCheckConfig)
+    made = store["cluster_check_schema.yaml"]
+    register_schema_defaults("cluster_check", ClusterCheckConfig)
+    assert store["cluster_check_schema.yaml"] is made, "the same schema again reuses its node"
+    register_schema_defaults("cluster_check", SFTConfig)
+    assert "export_dir" in store["cluster_check_schema.yaml"].node, "another schema under the name replaces the node"
+    ConfigStore.instance().store(name="cluster_check_schema", node={"replaced": True})
+    register_schema_defaults("cluster_check", ClusterCheckConfig)
+    rebuilt = store["cluster_check_schema.yaml"].node
+    assert "replaced" not in rebuilt and rebuilt.batch_size == ClusterCheckConfig().batch_size
+    config = load_pipeline_config(compose_config("cluster_check", ["batch_size=12"]), ClusterCheckConfig)
+    assert config.batch_size == 12
 
 
 def test_command_line_override_reaches_dataclass() -> None:
