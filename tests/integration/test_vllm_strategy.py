@@ -15,12 +15,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from roll.configs.model_dir import read_model_dir
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, ModelArguments, StrategyArguments, WorkerConfig
 from roll.distributed.executor.cluster import Cluster
 from roll.distributed.scheduler.decorator import Dispatch, register
 from roll.distributed.scheduler.protocol import DataProto
 from roll.distributed.scheduler.resource_manager import ResourceManager
+from roll.distributed.strategy.cpu_kv_cache import GiB
 from roll.distributed.strategy.engine_strategy import Samples, pack_generations
 from roll.distributed.strategy.hf_compute import generation_special_ids
 from roll.distributed.strategy.vllm_strategy import VllmStrategy
@@ -54,6 +56,11 @@ class EngineWorker(StrategyWorker):
         from vllm.usage.usage_lib import is_usage_stats_enabled
 
         return is_usage_stats_enabled()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def kv_cache_memory_bytes(self) -> int:
+        """The host memory this engine's KV cache was given."""
+        return self.strategy.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
 
     @register(Dispatch.DP_COMPUTE)
     def score(self, batch: DataProto, k: int, vocab_size: int | None) -> DataProto:
@@ -178,6 +185,12 @@ def test_pack_generations_uses_hf_infer_layout() -> None:
 def test_config_errors_name_the_key(model_path: str) -> None:
     with pytest.raises(ConfigError, match=r"strategy_config\.kv_cache_gb' \(did you mean 'kv_cache_space_gb'"):
         VllmStrategy.parse_config(role_config(model_path, "vllm", {"kv_cache_gb": 1}))
+    for size in (0.0, -0.5):
+        with pytest.raises(ConfigError, match=rf"kv_cache_space_gb={size} must be a size in GiB > 0"):
+            VllmStrategy.parse_config(role_config(model_path, "vllm", {"kv_cache_space_gb": size}))
+    assert VllmStrategy.parse_config(role_config(model_path, "vllm", {"kv_cache_space_gb": 0.25})).kv_cache_space_gb
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes"):
+        VllmStrategy.parse_config(role_config(model_path, "vllm", {"engine_kwargs": {"kv_cache_memory_bytes": 1}}))
     with pytest.raises(ConfigError, match="engine_kwargs sets \\['seed'\\]"):
         VllmStrategy.parse_config(role_config(model_path, "vllm", {"engine_kwargs": {"seed": 1}}))
     with pytest.raises(ConfigError, match="num_devices_per_worker=2"):
@@ -314,8 +327,15 @@ def test_wrong_name_or_shape_fails_naming_it_and_a_partial_sync_blocks_generatio
 
 
 @pytest.mark.slow  # alone it starts the module's engines (45 s in the fast tier); with the others they are shared
-def test_engines_send_no_usage_report(clusters: dict[str, Cluster]) -> None:
+def test_engines_send_no_usage_report_and_size_the_kv_cache_to_the_model(
+    clusters: dict[str, Cluster], model_path: str
+) -> None:
     assert clusters["vllm"].usage_stats_enabled() == [False] * clusters["vllm"].world_size
+    facts = read_model_dir(model_path, "model", model_path)
+    # kv_cache_space_gb left unset: 256 sequences of the model's longest length, far under the 1 GiB cap here.
+    room = 256 * facts.max_positions * facts.kv_bytes_per_token("fp32")
+    assert room < GiB
+    assert clusters["vllm"].kv_cache_memory_bytes() == [room] * clusters["vllm"].world_size
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from roll.configs.worker_config import ModelArguments, StrategyArguments, TrainingArguments, WorkerConfig
+from roll.distributed.strategy.cpu_kv_cache import cpu_kv_cache_bytes
 from roll.pipeline.base.dry_run.activations import (
     activation_bytes,
     kv_cache_bytes,
@@ -459,3 +460,22 @@ def test_a_token_budget_sizes_the_micro_batches_it_forms() -> None:
     fixed = phases(None, per_device_train_batch_size=8, gradient_accumulation_steps=1)
     assert budgeted["train micro-batch"] == fixed["train micro-batch"]
     assert budgeted["log-prob forward"] > phases(None, per_device_train_batch_size=2)["log-prob forward"]
+
+
+def test_vllm_on_cpu_claims_what_its_sequences_can_fill_when_the_space_is_unset() -> None:
+    facts = tiny_shape(TINY).facts
+    room = 256 * facts.max_positions * facts.kv_bytes_per_token("bf16")
+    estimate = estimate_rank(engine_role("vllm", {}), prompt_length=8, response_length=8)
+    assert estimate is not None and [i.nbytes for i in estimate.resident] == [2 * TINY_PARAMS, room]
+    assert estimate.resident[1].name == "KV cache (kv_cache_space_gb=null)"
+    capped = estimate_rank(engine_role("vllm", {"max_model_len": 10**9}), prompt_length=8, response_length=8)
+    assert capped is not None and capped.resident[1].nbytes == GiB
+    quarter = estimate_rank(engine_role("vllm", {"kv_cache_space_gb": 0.25}), prompt_length=8, response_length=8)
+    assert quarter is not None and quarter.resident[1].nbytes == GiB // 4
+
+
+def test_cpu_kv_cache_size_rule() -> None:
+    assert cpu_kv_cache_bytes(0.5, 1024, 64) == GiB // 2, "a set size wins"
+    assert cpu_kv_cache_bytes(None, 1024, 64) == 256 * 64 * 1024
+    assert cpu_kv_cache_bytes(None, 4096, 2048) == GiB, "capped at 1 GiB"
+    assert cpu_kv_cache_bytes(None, None, 64) == cpu_kv_cache_bytes(None, 1024, None) == GiB, "unknown sizes: the cap"

@@ -9,13 +9,16 @@ receives each bucket straight from the trainer.
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from roll.configs.model_dir import read_model_dir
 from roll.configs.schema import ConfigError
 from roll.configs.worker_config import GeneratingArguments, WorkerConfig
+from roll.distributed.strategy.cpu_kv_cache import cpu_kv_cache_bytes
 from roll.distributed.strategy.engine_strategy import ENGINE_DTYPES, EngineConfig, EngineStrategy, Samples
 from roll.distributed.strategy.response_scores import ScoredSequence
 from roll.distributed.strategy.strategy import ModelProvider
@@ -35,7 +38,8 @@ class VllmConfig(EngineConfig):
     """`strategy_config` of a vllm role (the shared engine keys, and these).
 
     On GPUs `gpu_memory_utilization` of each device holds weights and KV cache; on CPU the KV cache
-    takes `kv_cache_space_gb` GiB of host memory (`VLLM_CPU_KVCACHE_SPACE`). `enforce_eager=None`
+    takes `kv_cache_space_gb` GiB of host memory (any size > 0; null: room for 256 sequences of the longest
+    length, at most 1 GiB, `roll.distributed.strategy.cpu_kv_cache`). `enforce_eager=None`
     means eager on CPU (torch.compile costs ~20 s of start-up for ~20 % more tokens/s on a tiny
     model) and CUDA graphs on GPUs. `multiprocessing` runs the engine core in a process of its own.
     `max_logprobs` caps the top log-probs a request may ask for (vLLM's own default 20 when null; a
@@ -44,7 +48,7 @@ class VllmConfig(EngineConfig):
     """
 
     gpu_memory_utilization: float = 0.6
-    kv_cache_space_gb: int = 1
+    kv_cache_space_gb: float | None = None
     enforce_eager: bool | None = None
     multiprocessing: bool = False
     max_logprobs: int | None = None
@@ -69,6 +73,7 @@ class VllmStrategy(EngineStrategy):
             "worker_extension_cls",
             "max_logprobs",
             "logprobs_mode",
+            "kv_cache_memory_bytes",
         }
     )
 
@@ -76,9 +81,10 @@ class VllmStrategy(EngineStrategy):
     def _check_engine_config(cls, config: VllmConfig, where: str) -> None:
         if not 0 < config.gpu_memory_utilization <= 1:
             raise ConfigError(f"{where}.gpu_memory_utilization={config.gpu_memory_utilization} must be in (0, 1]")
-        if config.kv_cache_space_gb < 1:
+        if config.kv_cache_space_gb is not None and not config.kv_cache_space_gb > 0:
             raise ConfigError(
-                f"{where}.kv_cache_space_gb={config.kv_cache_space_gb} must be a whole number of GiB >= 1"
+                f"{where}.kv_cache_space_gb={config.kv_cache_space_gb} must be a size in GiB > 0 (such as 0.25), "
+                "or null for the space the engine's sequences can fill (at most 1 GiB)"
             )
         if config.max_logprobs is not None and config.max_logprobs < -1:
             raise ConfigError(f"{where}.max_logprobs={config.max_logprobs} must be -1 (no cap), 0 or more")
@@ -113,12 +119,20 @@ class VllmStrategy(EngineStrategy):
                 "enable_sleep_mode": self.config.enable_sleep_mode,
             }
         else:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.kv_cache_space_gb)
+            # vLLM's variable takes whole GiB and would override the engine argument, which takes any size.
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            facts = read_model_dir(path, f"{self.worker_config.name}.model_args.model_name_or_path", path)
+            device_kwargs = {
+                "kv_cache_memory_bytes": cpu_kv_cache_bytes(
+                    self.config.kv_cache_space_gb,
+                    facts.kv_bytes_per_token(model_args.dtype),
+                    self.config.max_model_len or facts.max_positions,
+                )
+            }
             if self.config.tensor_parallel_size > 1:
                 # vLLM would pin each TP process to a NUMA node of its own and refuse with fewer nodes than
                 # processes; roll sizes threads per worker itself (ROLL_NUM_THREADS), so no pinning.
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            device_kwargs = {}
         if self.config.tensor_parallel_size > 1:
             # TP workers as child processes of this actor, on the devices (or cores) the actor was given;
             # inside a Ray actor vLLM would otherwise pick its Ray executor.
@@ -128,19 +142,25 @@ class VllmStrategy(EngineStrategy):
         enforce_eager = self.config.enforce_eager if self.config.enforce_eager is not None else not accelerator
         if self.config.max_logprobs is not None:
             device_kwargs["max_logprobs"] = self.config.max_logprobs
-        self.llm = LLM(
-            model=path,
-            dtype=ENGINE_DTYPES[model_args.dtype],
-            seed=self.worker_config.training_args.seed + self.worker.rank,
-            tensor_parallel_size=self.config.tensor_parallel_size,
-            max_model_len=self.config.max_model_len,
-            enforce_eager=enforce_eager,
-            worker_extension_cls=WORKER_EXTENSION,
-            # Log-probs of the raw model (prompt log-probs are never processed; sampled ones would be).
-            logprobs_mode="raw_logprobs",
-            **device_kwargs,
-            **self.config.engine_kwargs,
-        )
+        # vLLM's start runs a full garbage collection five times; over the objects of this process's imports
+        # (torch, transformers, roll) they took about 1.2 CPU-seconds. Frozen, a collection skips them.
+        gc.freeze()
+        try:
+            self.llm = LLM(
+                model=path,
+                dtype=ENGINE_DTYPES[model_args.dtype],
+                seed=self.worker_config.training_args.seed + self.worker.rank,
+                tensor_parallel_size=self.config.tensor_parallel_size,
+                max_model_len=self.config.max_model_len,
+                enforce_eager=enforce_eager,
+                worker_extension_cls=WORKER_EXTENSION,
+                # Log-probs of the raw model (prompt log-probs are never processed; sampled ones would be).
+                logprobs_mode="raw_logprobs",
+                **device_kwargs,
+                **self.config.engine_kwargs,
+            )
+        finally:
+            gc.unfreeze()  # what became garbage meanwhile is collected as usual from here on
         self.dtype = dtype_from_name(model_args.dtype)
         # vLLM's CPU worker ignores sleep (it only pauses the scheduler and keeps the weights), so it needs
         # no sleep mode there.

@@ -14,6 +14,7 @@ from typing import Any
 
 from roll.configs.model_dir import DTYPE_BYTES
 from roll.configs.worker_config import WorkerConfig
+from roll.distributed.strategy.cpu_kv_cache import cpu_kv_cache_bytes
 from roll.pipeline.base.dry_run.activations import (
     activation_bytes,
     kv_cache_bytes,
@@ -39,7 +40,7 @@ from roll.pipeline.base.dry_run.model_states import (
 # The defaults of the engine configs (VllmConfig, SglangConfig: their modules import torch; a test keeps them equal).
 ENGINE_DEFAULTS: dict[str, Any] = {
     "gpu_memory_utilization": 0.6,
-    "kv_cache_space_gb": 1,
+    "kv_cache_space_gb": None,
     "mem_fraction_static": 0.6,
 }
 
@@ -237,7 +238,9 @@ def _engine_rank(
     fraction_key = "gpu_memory_utilization" if role.strategy_args.strategy_name == "vllm" else "mem_fraction_static"
     notes = []
     if platform == "cpu" and fraction_key == "gpu_memory_utilization":
-        space, where = int(config["kv_cache_space_gb"] * GiB), f"kv_cache_space_gb={config['kv_cache_space_gb']}"
+        set_gb, longest = config["kv_cache_space_gb"], config.get("max_model_len") or shape.facts.max_positions
+        space = cpu_kv_cache_bytes(set_gb, shape.facts.kv_bytes_per_token(dtype), longest)
+        where = f"kv_cache_space_gb={'null' if set_gb is None else set_gb}"
     elif platform != "cpu" and budget is not None:
         # The engine claims this fraction of its devices up front and fills what the weights leave with KV cache.
         claimed = int(config[fraction_key] * budget)
