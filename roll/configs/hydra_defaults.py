@@ -86,11 +86,12 @@ def register_schema_defaults(config_name: str, schema: type) -> str:
     Returns the node's name.
     """
     node_name = f"{config_name}_schema"
-    repo = ConfigStore.instance().repo
+    store = ConfigStore.instance()
+    repo = store.repo
     stored = _stored.get(node_name)
     if stored is not None and stored[0] is schema and repo.get(f"{node_name}.yaml") is stored[1]:
         return node_name  # Hydra deep-copies a node on each load, so the stored one is as it was made
     hydra = HYDRA_OUTPUT | {"job": {"chdir": False, "name": config_name}}  # the job's name in Hydra's records
-    ConfigStore.instance().store(name=node_name, node={"hydra": hydra, **schema_defaults(schema)})
+    store.store(name=node_name, node={"hydra": hydra, **schema_defaults(schema)})
     _stored[node_name] = (schema, repo[f"{node_name}.yaml"])
     return node_name
