@@ -6,3 +6,7 @@ uses them; backend modules register themselves and load their engine on first us
 """
 
 __version__ = "0.1.0"
+
+from roll.third_party.transformers.import_scans import install as _install_transformers_import_cache
+
+_install_transformers_import_cache()

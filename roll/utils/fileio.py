@@ -2,16 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step: readers see the old content or the new, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Replace `path` with `text` in one step: readers see the old content or the new, never a part.
+
+    Each writer stages its text in a file of its own, so processes writing the same path at once (cache entries)
+    cannot interleave."""
+    # not tempfile.mkstemp: its files are private (0600), and a checkpoint's files keep the umask's permissions
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_or_compute_json(path: Path, compute: Callable[[], Any]) -> Any:
+    """The JSON value stored at `path`, else `compute()`, stored there whole when it is not empty.
+
+    For caches: an unreadable or half-parsed file is computed again, and a cache that cannot be written costs the
+    computation next time, nothing else."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    value = compute()
+    if value:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomically(path, json.dumps(value))
+        except OSError:
+            pass
+    return value
 
 
 PID_DIR_ENV = "ROLL_PID_DIR"

@@ -10,12 +10,9 @@ kernel's boot id and read by every later process of that boot.
 from __future__ import annotations
 
 import functools
-import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from roll.utils.fileio import cache_root, write_text_atomically
+from roll.utils.fileio import cache_root, read_or_compute_json
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -31,22 +28,8 @@ def reuse_cpu_info(cache_dir: str | None = None) -> None:
         return
     version = ".".join(map(str, cpuinfo.CPUINFO_VERSION))
     path = cache_root(cache_dir) / "cpuinfo" / f"{BOOT_ID.read_text().strip()}-{version}.json"
-    cached = functools.cache(functools.partial(_read_or_probe, path, cpuinfo.get_cpu_info))
+    # py-cpuinfo answers {} when its probe process failed: not kept, so the next process probes again
+    cached = functools.cache(functools.partial(read_or_compute_json, path, cpuinfo.get_cpu_info))
     cached.roll_cached = True  # type: ignore[attr-defined]
     cpuinfo.get_cpu_info = cached
 
-
-def _read_or_probe(path: Path, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The probe stored at `path`, else a new probe, stored there whole."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
-    info = probe()
-    if info:  # py-cpuinfo answers {} when its probe process failed: not worth keeping
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(path, json.dumps(info))
-        except OSError:
-            pass  # a read-only cache costs the probe again next time, nothing else
-    return info

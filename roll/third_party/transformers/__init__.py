@@ -1,0 +1,1 @@
+"""transformers internals: its import-time scans, read from roll's cache."""
