@@ -32,4 +32,3 @@ def reuse_cpu_info(cache_dir: str | None = None) -> None:
     cached = functools.cache(functools.partial(read_or_compute_json, path, cpuinfo.get_cpu_info))
     cached.roll_cached = True  # type: ignore[attr-defined]
     cpuinfo.get_cpu_info = cached
-
