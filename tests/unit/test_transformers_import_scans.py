@@ -88,8 +88,9 @@ def test_a_damaged_entry_is_scanned_again_and_replaced(cache: Path, package: Pat
     assert import_scans.structure_from_json(json.loads(entry.read_text())) == expected
 
 
-def test_a_table_json_cannot_hold_is_returned_and_not_stored(cache: Path, package: Path) -> None:
-    table = {frozenset(): {"a": {("not", "a string")}}}
+@pytest.mark.parametrize("names", [{("not", "a string")}, {"a", ("b",)}, {1.5}])
+def test_a_table_json_cannot_hold_is_returned_and_not_stored(cache: Path, package: Path, names: set) -> None:
+    table = {frozenset(): {"a": names}}
     define = import_scans.cached_import_structure(lambda module_path, prefix=None: table)
     assert define(package) is table
     assert not list(cache.glob("structure-*.json"))

@@ -110,7 +110,7 @@ def cached_import_structure(
         with contextlib.suppress(OSError, ValueError):
             return structure_from_json(json.loads(path.read_text()))
         structure = define(module_path, prefix)
-        with contextlib.suppress(OSError, ValueError):  # a table JSON cannot hold, or a read-only cache: not kept
+        with contextlib.suppress(OSError, TypeError, ValueError):  # a table JSON cannot hold, a read-only cache
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomically(path, json.dumps(structure_to_json(structure)))
         return structure
@@ -150,7 +150,7 @@ def sys_path_fingerprint() -> str:
 def structure_to_json(structure: ImportStructure) -> list[dict]:
     """The import table as JSON: a list of `{"backends": [...], "modules": {module: [names]}}`.
 
-    ValueError when it holds anything but strings, which JSON would not give back as they were."""
+    TypeError or ValueError when it holds anything but strings, which JSON would not give back as they were."""
     groups = [
         {"backends": sorted(backends), "modules": {module: sorted(names) for module, names in modules.items()}}
         for backends, modules in structure.items()
