@@ -21,6 +21,10 @@ from roll.utils.imports import import_object
 _reward_fns: dict[str, Callable[[str, str, str], float]] = {}
 
 Sample = tuple[str, str, str]  # (prompt, response, answer)
+# What a child sends once its reward functions are imported; a sample's deadline starts after it.
+READY = "ready"
+# How long a new child may take to import the reward functions' modules (a user's may import torch).
+START_TIMEOUT_S = 300.0
 
 
 class RewardFunctionError(Exception):
@@ -53,12 +57,13 @@ def score(prompt: str, response: str, answer: str) -> list[float]:
 
 
 def serve(conn: Connection, dotted: Sequence[str]) -> None:
-    """Child process: for each batch of samples received on `conn`, send one reply per sample, in order:
-    `(True, scores)` or `(False, error)`.
+    """Child process: import the functions, send READY, then for each batch of samples received on `conn`, send
+    one reply per sample, in order: `(True, scores)` or `(False, error)`.
 
     Returns when the parent closes its end of the pipe.
     """
     load_reward_fns(dotted)
+    conn.send(READY)
     while True:
         try:
             samples = conn.recv()
@@ -105,6 +110,18 @@ class Scorer:
         self._process.start()
         child_conn.close()
         self._conn = parent_conn
+        # Importing the functions' modules is not a sample's time: on a busy machine it could take longer than
+        # timeout_s, and every sample would then fail on a child that never got to score.
+        try:
+            ready = parent_conn.recv() if parent_conn.poll(START_TIMEOUT_S) else None
+        except (EOFError, OSError):
+            ready = None
+        if ready != READY:
+            exitcode = self._stop(grace_s=0)
+            raise RuntimeError(
+                f"the reward scoring process did not import {', '.join(self._reward_fns)} within "
+                f"{START_TIMEOUT_S:.0f} s (exit code {exitcode})"
+            )
 
     def score_all(self, samples: Sequence[Sample], timeout_s: float) -> list[float | Exception]:
         """Each sample's score, or the exception that stands for it: TimeoutError when it took longer than

@@ -53,6 +53,14 @@ def test_a_hung_or_dead_child_fails_its_sample_and_the_rest_of_the_batch_is_scor
     assert scorer.score_all([("", "a", "a")], timeout_s=30) == [1.0]
 
 
+def test_importing_the_functions_is_not_a_samples_time() -> None:
+    scorer = Scorer(multiprocessing.get_context("forkserver"), "tests.unit.slow_reward_module.exact")
+    try:
+        assert scorer.score_all([("", "a", "a"), ("", "b", "c")], timeout_s=0.5) == [1.0, 0.0]
+    finally:
+        scorer.close()
+
+
 def test_a_child_that_died_between_batches_is_replaced_without_failing_a_sample(scorer: Scorer) -> None:
     assert scorer.score_all([("", "a", "a")], timeout_s=30) == [1.0]
     scorer._process.kill()
