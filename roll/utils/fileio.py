@@ -8,7 +8,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -26,23 +32,24 @@ def write_text_atomically(path: Path, text: str) -> None:
         raise
 
 
-def read_or_compute_json(path: Path, compute: Callable[[], Any]) -> Any:
-    """The JSON value stored at `path`, else `compute()`, stored there whole when it is not empty.
+def read_or_compute_json(path: Path, compute: Callable[[], Any], decode: Callable[[Any], T] = _as_is) -> T:
+    """`decode` of the JSON value stored at `path`, else of `compute()`, which is stored there whole when not empty.
 
-    For caches: an unreadable or half-parsed file is computed again, and a cache that cannot be written costs the
-    computation next time, nothing else."""
+    For caches: an unreadable file, or one whose value `decode` rejects (ValueError or TypeError), is computed
+    again and replaced; a cache that cannot be written costs the computation next time, nothing else."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return decode(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
         pass
     value = compute()
+    decoded = decode(value)
     if value:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomically(path, json.dumps(value))
         except OSError:
             pass
-    return value
+    return decoded
 
 
 PID_DIR_ENV = "ROLL_PID_DIR"

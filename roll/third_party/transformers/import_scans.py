@@ -22,14 +22,13 @@ import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from roll.utils.fileio import cache_root, read_or_compute_json, write_text_atomically
+from roll.utils.fileio import cache_root, read_or_compute_json
 
 SWITCH_ENV = "ROLL_TRANSFORMERS_IMPORT_CACHE"
 IMPORT_UTILS = "transformers.utils.import_utils"
@@ -83,10 +82,7 @@ def cached_packages_distributions() -> Iterator[None]:
 
     def cached() -> dict[str, list[str]]:
         path = cache_root() / CACHE_FOLDER / f"distributions-{sys_path_fingerprint()}.json"
-        mapping = read_or_compute_json(path, original)
-        if isinstance(mapping, dict) and all(map(_strings, mapping.values())):
-            return mapping
-        return original()  # a file of another shape: transformers gets the real answer
+        return read_or_compute_json(path, original, distributions_from_json)
 
     importlib.metadata.packages_distributions = cached
     try:
@@ -107,13 +103,11 @@ def cached_import_structure(
             folder = folder.parent
         key = hashlib.sha256(f"{source_fingerprint(folder)}\0{prefix}".encode()).hexdigest()[:32]
         path = cache_root() / CACHE_FOLDER / f"structure-{key}.json"
-        with contextlib.suppress(OSError, ValueError):
-            return structure_from_json(json.loads(path.read_text()))
-        structure = define(module_path, prefix)
-        with contextlib.suppress(OSError, TypeError, ValueError):  # a table JSON cannot hold, a read-only cache
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(path, json.dumps(structure_to_json(structure)))
-        return structure
+        scan = functools.partial(define, module_path, prefix)
+        try:
+            return read_or_compute_json(path, lambda: structure_to_json(scan()), structure_from_json)
+        except (TypeError, ValueError):  # a table JSON cannot hold: not stored (transformers' lru_cache has it)
+            return scan()
 
     define_cached.roll_cached = True  # type: ignore[attr-defined]
     return define_cached
@@ -171,6 +165,13 @@ def structure_from_json(stored: object) -> ImportStructure:
             raise ValueError(f"not an import table group: {group!r:.200}")
         structure[frozenset(backends)] = {str(module): set(names) for module, names in modules.items()}
     return structure
+
+
+def distributions_from_json(stored: object) -> dict[str, list[str]]:
+    """The map `packages_distributions` returns, as JSON gave it back; ValueError when it is anything else."""
+    if not (isinstance(stored, dict) and all(map(_strings, stored.values()))):
+        raise ValueError("a distribution map is {package: [distributions]}")
+    return stored
 
 
 def _strings(value: object) -> bool:
