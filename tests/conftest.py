@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from roll.distributed.scheduler.initialize import use_local_ray_settings
+from roll.utils.startup_gc import end_startup
 
 if TYPE_CHECKING:
     from roll.distributed.scheduler.resource_manager import ResourceManager
@@ -25,6 +26,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The local Ray's settings for every Ray a test starts, including the heads and nodes it starts itself.
 use_local_ray_settings()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests run with CPython's collector: `import roll` deferred it for the imports of collection only."""
+    end_startup()
+
 
 # Logical CPUs of the test Ray: room for two reservations of device slots and device-less workers. They
 # exceed the 2 physical cores on purpose; workers cap their own threads.

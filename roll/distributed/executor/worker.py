@@ -18,6 +18,7 @@ from roll.third_party.deepspeed.cpu_info import reuse_cpu_info
 from roll.third_party.deepspeed.op_builds import use_environment_builds
 from roll.utils.console import configure_worker_logging
 from roll.utils.fileio import write_pid_file
+from roll.utils.startup_gc import end_startup
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -38,6 +39,7 @@ class Worker:
     """
 
     def __init__(self, worker_config: WorkerConfig, env: Mapping[str, str] | None = None) -> None:
+        end_startup()  # this process's imports are done (roll/utils/startup_gc.py)
         os.environ.update(env or {})
         configure_worker_logging()  # warnings to the console, the detail to the run's workers.log
         import torch
