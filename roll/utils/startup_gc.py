@@ -5,8 +5,8 @@ live as long as the process, and almost no garbage. CPython's collector still wa
 each time the tracked objects grow by a quarter, about a fifth of the imports' CPU time. `import roll` therefore
 raises the youngest generation's threshold (`defer_collection`: a collection after DEFERRED_THRESHOLD allocations
 instead of CPython's 700, so the older generations' turns come that much later too), and a process puts CPython's
-thresholds back where its start-up ends (`end_startup`): a Ray worker in its constructor, an entry point's driver
-once its config is valid, a test session after collection. A process that imports roll and does neither keeps the
+thresholds back where its start-up ends (`end_startup`): a Ray worker in its constructor, a driver in its pipeline's
+constructor, a test session after collection. A process that imports roll and does neither keeps the
 deferred threshold. `ROLL_DEFER_GC=0` leaves the collector as CPython sets it. The measurements are in
 docs/performance.md.
 """

@@ -29,9 +29,26 @@ print(json.dumps([before, deferred, gc.get_threshold()]))
 """
 
 
-def thresholds_of_a_worker_start(**env: str) -> list[tuple[int, ...]]:
+# The same for a driver: its pipeline's constructor (here refusing two nodes without a Ray cluster before Ray starts).
+DRIVER_START = """
+import gc, json, types
+before = gc.get_threshold()
+import roll
+deferred = gc.get_threshold()
+from roll.configs.schema import ConfigError
+from roll.pipeline.base.pipeline import BasePipeline
+class Probe(BasePipeline):
+    def run(self): pass
+try:
+    Probe(types.SimpleNamespace(platform="cpu", ray_address=None, num_nodes=2))
+except ConfigError:
+    print(json.dumps([before, deferred, gc.get_threshold()]))
+"""
+
+
+def thresholds_of_a_start(program: str, **env: str) -> list[tuple[int, ...]]:
     run = subprocess.run(
-        [sys.executable, "-c", WORKER_START],
+        [sys.executable, "-c", program],
         cwd=REPO_ROOT,
         env=os.environ | env,
         capture_output=True,
@@ -42,14 +59,15 @@ def thresholds_of_a_worker_start(**env: str) -> list[tuple[int, ...]]:
     return [tuple(t) for t in json.loads(run.stdout.strip().splitlines()[-1])]
 
 
-def test_importing_roll_defers_the_collector_until_a_worker_starts() -> None:
-    before, deferred, started = thresholds_of_a_worker_start()
+@pytest.mark.parametrize("program", [WORKER_START, DRIVER_START], ids=["worker", "driver"])
+def test_importing_roll_defers_the_collector_until_a_worker_or_pipeline_starts(program: str) -> None:
+    before, deferred, started = thresholds_of_a_start(program)
     assert deferred == (startup_gc.DEFERRED_THRESHOLD, *before[1:])
     assert started == before
 
 
 def test_roll_defer_gc_0_leaves_cpythons_thresholds() -> None:
-    before, deferred, started = thresholds_of_a_worker_start(ROLL_DEFER_GC="0")
+    before, deferred, started = thresholds_of_a_start(WORKER_START, ROLL_DEFER_GC="0")
     assert deferred == started == before
 
 

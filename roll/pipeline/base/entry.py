@@ -22,7 +22,6 @@ from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.base.preemption import PREEMPTED_EXIT_CODE, Preempted, StopSignals
 from roll.pipeline.base.recovery import Restarts
 from roll.utils.console import RunLogs, debug_loggers, run_logging
-from roll.utils.startup_gc import end_startup
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +68,6 @@ def _run(cfg: DictConfig, schema: type[PipelineConfig], pipeline_cls: type, logs
         print("\n".join(run_plan(config, log_file, logs.verbose)), flush=True)
     except ConfigError as exc:
         exit_on_config_error(exc)
-    end_startup()  # the driver's imports and config are done; what the run makes comes after
     fault_tolerance = getattr(config, "fault_tolerance", None)
     signals = StopSignals(fault_tolerance.preemption_deadline_s) if fault_tolerance else None
     restarts = Restarts(config)

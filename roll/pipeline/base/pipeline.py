@@ -23,6 +23,7 @@ from roll.pipeline.base.pipeline_config import PipelineConfig
 from roll.pipeline.base.preemption import StopSignals
 from roll.pipeline.base.residency import Residency
 from roll.platforms import PLATFORM_ENV, get_platform
+from roll.utils.startup_gc import end_startup
 
 
 class BasePipeline(ABC):
@@ -31,6 +32,7 @@ class BasePipeline(ABC):
     residency: Residency  # set by start_roles
 
     def __init__(self, config: PipelineConfig) -> None:
+        end_startup()  # the driver's imports and config are done (roll/utils/startup_gc.py)
         self.config = config
         self.platform = get_platform(config.platform)
         os.environ[PLATFORM_ENV] = self.platform.name
