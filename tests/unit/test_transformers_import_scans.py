@@ -91,8 +91,14 @@ def test_a_damaged_entry_is_scanned_again_and_replaced(cache: Path, package: Pat
 @pytest.mark.parametrize("names", [{("not", "a string")}, {"a", ("b",)}, {1.5}])
 def test_a_table_json_cannot_hold_is_returned_and_not_stored(cache: Path, package: Path, names: set) -> None:
     table = {frozenset(): {"a": names}}
-    define = import_scans.cached_import_structure(lambda module_path, prefix=None: table)
-    assert define(package) is table
+    scans: list[str] = []
+
+    def scan(module_path: str, prefix: str | None = None) -> dict:
+        scans.append(module_path)
+        return table
+
+    define = import_scans.cached_import_structure(scan)
+    assert define(package) is table and len(scans) == 1  # scanned once, though not stored
     assert not list(cache.glob("structure-*.json"))
 
 

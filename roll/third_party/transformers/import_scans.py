@@ -103,7 +103,7 @@ def cached_import_structure(
             folder = folder.parent
         key = hashlib.sha256(f"{source_fingerprint(folder)}\0{prefix}".encode()).hexdigest()[:32]
         path = cache_root() / CACHE_FOLDER / f"structure-{key}.json"
-        scan = functools.partial(define, module_path, prefix)
+        scan = functools.cache(functools.partial(define, module_path, prefix))  # at most one scan per call
         try:
             return read_or_compute_json(path, lambda: structure_to_json(scan()), structure_from_json)
         except (TypeError, ValueError):  # a table JSON cannot hold: not stored (transformers' lru_cache has it)
