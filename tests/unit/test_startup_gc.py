@@ -14,36 +14,36 @@ import pytest
 from roll.utils import startup_gc
 from tests.conftest import REPO_ROOT
 
-# A new process: its thresholds before `import roll`, after it, and after its first worker is constructed.
-WORKER_START = """
-import gc, json
+# A new process's thresholds before `import roll`, after it, and after `{start}` ends its start-up.
+MEASURED_START = """
+import contextlib, gc, json, types
 before = gc.get_threshold()
 import roll
 deferred = gc.get_threshold()
+{start}
+print(json.dumps([before, deferred, gc.get_threshold()]))
+"""
+# A worker's constructor.
+WORKER_START = MEASURED_START.format(
+    start="""
 from roll.configs.worker_config import WorkerConfig
 from roll.distributed.executor.worker import Worker
 config = WorkerConfig(worker_cls="roll.distributed.executor.worker.Worker", world_size=1)
 config.resolve("probe", 1)
 Worker(config, {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-print(json.dumps([before, deferred, gc.get_threshold()]))
 """
-
-
-# The same for a driver: its pipeline's constructor (here refusing two nodes without a Ray cluster before Ray starts).
-DRIVER_START = """
-import gc, json, types
-before = gc.get_threshold()
-import roll
-deferred = gc.get_threshold()
+)
+# A driver's pipeline constructor, here refusing two nodes without a Ray cluster before Ray starts.
+DRIVER_START = MEASURED_START.format(
+    start="""
 from roll.configs.schema import ConfigError
 from roll.pipeline.base.pipeline import BasePipeline
 class Probe(BasePipeline):
     def run(self): pass
-try:
+with contextlib.suppress(ConfigError):
     Probe(types.SimpleNamespace(platform="cpu", ray_address=None, num_nodes=2))
-except ConfigError:
-    print(json.dumps([before, deferred, gc.get_threshold()]))
 """
+)
 
 
 def thresholds_of_a_start(program: str, **env: str) -> list[tuple[int, ...]]:
