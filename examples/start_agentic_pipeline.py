@@ -6,7 +6,7 @@ The same as the installed command `roll-agentic` (the RLVR pipeline with an `env
 
 from pathlib import Path
 
-from roll.cli import run_entry
+from roll.cli import main
 
 if __name__ == "__main__":
-    run_entry("agentic", config_dir=Path(__file__).resolve().parent / "config")
+    main("agentic", config_dir=Path(__file__).resolve().parent / "config")

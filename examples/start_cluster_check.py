@@ -5,7 +5,7 @@ The same as the installed command `roll-cluster-check`, with the YAML of this fo
 
 from pathlib import Path
 
-from roll.cli import run_entry
+from roll.cli import main
 
 if __name__ == "__main__":
-    run_entry("cluster_check", config_dir=Path(__file__).resolve().parent / "config")
+    main("cluster_check", config_dir=Path(__file__).resolve().parent / "config")

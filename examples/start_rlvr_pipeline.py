@@ -5,7 +5,7 @@ The same as the installed command `roll-rlvr`, with the YAML of this folder's `c
 
 from pathlib import Path
 
-from roll.cli import run_entry
+from roll.cli import main
 
 if __name__ == "__main__":
-    run_entry("rlvr", config_dir=Path(__file__).resolve().parent / "config")
+    main("rlvr", config_dir=Path(__file__).resolve().parent / "config")

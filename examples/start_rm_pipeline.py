@@ -5,7 +5,7 @@ The same as the installed command `roll-rm`, with the YAML of this folder's `con
 
 from pathlib import Path
 
-from roll.cli import run_entry
+from roll.cli import main
 
 if __name__ == "__main__":
-    run_entry("rm", config_dir=Path(__file__).resolve().parent / "config")
+    main("rm", config_dir=Path(__file__).resolve().parent / "config")

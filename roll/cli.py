@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import hydra
 from omegaconf import DictConfig
@@ -24,6 +24,7 @@ from roll.configs.schema import ConfigError, exit_on_config_error
 from roll.pipeline.base.entry import run_pipeline
 from roll.utils.console import verbose_args
 from roll.utils.imports import import_object
+from roll.utils.process_exit import run_as_program
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "examples" / "config"
 
@@ -72,6 +73,12 @@ ENTRIES = {
 }
 
 
+def main(name: str, config_dir: Path = CONFIG_DIR) -> NoReturn:
+    """Pipeline `name` as a program (a console script, an `examples/start_*.py`): `run_entry`, then the end of the
+    process with its exit status, skipping the interpreter's teardown (roll.utils.process_exit)."""
+    run_as_program(lambda: run_entry(name, config_dir))
+
+
 def run_entry(name: str, config_dir: Path = CONFIG_DIR) -> None:
     """Compose the YAML from the command line's Hydra arguments, validate it, run pipeline `name`.
 
@@ -106,41 +113,41 @@ def config_dirs_given(args: list[str]) -> list[str]:
     return [d for d in (given.config_dir, given.config_path) if d]
 
 
-def rlvr() -> None:
+def rlvr() -> NoReturn:
     """`roll-rlvr`: the RLVR pipeline (GRPO and friends), by default on the arithmetic task."""
-    run_entry("rlvr")
+    main("rlvr")
 
 
-def agentic() -> None:
+def agentic() -> NoReturn:
     """`roll-agentic`: multi-turn agentic RL in an environment, by default the calculator tool task."""
-    run_entry("agentic")
+    main("agentic")
 
 
-def sft() -> None:
+def sft() -> NoReturn:
     """`roll-sft`: supervised fine-tuning, by default the arithmetic warm start."""
-    run_entry("sft")
+    main("sft")
 
 
-def dpo() -> None:
+def dpo() -> NoReturn:
     """`roll-dpo`: direct preference optimisation, by default on arithmetic pairs (the correct answer preferred)."""
-    run_entry("dpo")
+    main("dpo")
 
 
-def rm() -> None:
+def rm() -> NoReturn:
     """`roll-rm`: reward-model training (Bradley-Terry), by default on arithmetic pairs (the correct answer chosen)."""
-    run_entry("rm")
+    main("rm")
 
 
-def distill() -> None:
+def distill() -> NoReturn:
     """`roll-distill`: offline knowledge distillation, by default of the main job's policy into a smaller tiny model."""
-    run_entry("distill")
+    main("distill")
 
 
-def reward_fl() -> None:
+def reward_fl() -> NoReturn:
     """`roll-reward-fl`: Reward FL of a diffusion model, by default the tiny model's shapes turned red on CPU."""
-    run_entry("reward_fl")
+    main("reward_fl")
 
 
-def cluster_check() -> None:
+def cluster_check() -> NoReturn:
     """`roll-cluster-check`: collectives and every dispatch mode on two roles of a device mapping."""
-    run_entry("cluster_check")
+    main("cluster_check")

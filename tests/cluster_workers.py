@@ -52,16 +52,36 @@ class TensorParallelEchoWorker(EchoWorker):
         self.rank_info = rank_layout(self.world_size, tp_size=2)[self.rank]
 
 
+class TeardownMark:
+    """Creates file `path` when the interpreter's teardown frees it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __del__(self, _open=os.open, _close=os.close) -> None:  # the module's globals may be gone by then
+        _close(_open(self.path, os.O_CREAT | os.O_WRONLY))
+
+
+# What this process's teardown would free (a module global): ClosingWorker puts its mark here.
+TEARDOWN_MARKS: list[TeardownMark] = []
+
+
 class ClosingWorker(EchoWorker):
-    """Writes a file when Cluster.shutdown lets it close, and another when its process exits normally."""
+    """Writes a file when Cluster.shutdown lets it close, another when its process exits normally, and a third
+    if the interpreter's teardown runs at that exit."""
 
     def __init__(self, worker_config, env=None) -> None:
         super().__init__(worker_config, env)
         atexit.register(self._mark, "exited")
+        TEARDOWN_MARKS.append(TeardownMark(f"{worker_config.env_vars['CLOSED_MARKER']}torn-down-{self.rank}"))
 
     def _mark(self, what: str) -> None:
         with open(f"{self.worker_config.env_vars['CLOSED_MARKER']}{what}-{self.rank}", "w") as marker:
             marker.write(what)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
 
     def close(self) -> None:
         self._mark("closed")

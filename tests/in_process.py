@@ -4,7 +4,8 @@
 the installed package's metadata as the script is), and `python <script>.py ARGS` runs the script as
 `__main__` (the `examples/start_*.py` twins, the benchmarks). Each runs with its own `sys.argv`, working
 directory and environment, with Hydra's global state cleared; its output is captured and its end
-(`sys.exit`, an exception, a return) becomes the exit code the shell would see. Everything it changed
+(`sys.exit`, an exception, a return, or the end of the process a program of roll asks for) becomes the exit code
+the shell would see. Everything it changed
 of the process (argv, cwd, environment, sys.path, the root logger, Hydra) is put back afterwards.
 Output is captured by swapping sys.stdout and sys.stderr, which every thread of the process shares. A
 command must not start Ray here (it would outlive the command): starting it fails the command.
@@ -27,6 +28,8 @@ from unittest import mock
 
 import ray
 from hydra.core.global_hydra import GlobalHydra
+
+from roll.utils import process_exit
 
 PYTHONS = ("python", "python3", ".venv/bin/python")
 
@@ -61,7 +64,7 @@ def run_in_process(argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None
     python_path = (env if env is not None else os.environ).get("PYTHONPATH", "")
     search_path += [str((Path(cwd) / entry).resolve()) for entry in python_path.split(os.pathsep) if entry]
     stdout, stderr = io.StringIO(), io.StringIO()
-    with _restored_process_state(), _ray_refused():
+    with _restored_process_state(), _ray_refused(), _process_kept():
         os.chdir(cwd)
         if env is not None:
             os.environ.clear()
@@ -83,15 +86,19 @@ def _ray_refused() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _process_kept() -> Iterator[None]:
+    """Turn a program's end of its process (roll.utils.process_exit.end_process) into the `sys.exit` it stands for."""
+    with mock.patch.object(process_exit, "end_process", side_effect=sys.exit):
+        yield
+
+
 def _exit_code(main: Callable[[], object]) -> int:
     """Call `main`; the exit code of a Python process that did so: 0, `sys.exit`'s, or 1 after a traceback."""
     try:
         main()
     except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr)
-        return 1
+        return process_exit.exit_status(exc)
     except Exception:
         traceback.print_exc()
         return 1

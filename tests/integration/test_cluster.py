@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import ray
@@ -160,6 +161,7 @@ def test_role_without_devices_runs_inside_its_reservation_and_shutdown_frees_it(
         # Every rank has answered, so both actors hold their CPU (actors start asynchronously).
         assert cluster.whoami() == 0 and len(cluster.environment()) == 2
         assert ray.available_resources().get(group, 0.0) == pytest.approx(1.0)
+        pids = cluster.pid()
         cluster.shutdown()
         assert [(tmp_path / f"closed-closed-{rank}").read_text() for rank in (0, 1)] == ["closed", "closed"]
         deadline = time.monotonic() + 30
@@ -176,6 +178,10 @@ def test_role_without_devices_runs_inside_its_reservation_and_shutdown_frees_it(
         while marks() != ["exited", "exited"] and time.monotonic() < deadline + 30:
             time.sleep(0.2)
         assert marks() == ["exited", "exited"]
+        # ... and without the interpreter's teardown of their objects (roll.utils.process_exit), which comes after.
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline + 60:
+            time.sleep(0.2)
+        assert not list(tmp_path.glob("closed-torn-down-*"))
 
 
 def test_an_actor_that_does_not_exit_in_time_is_killed(ray_session: None) -> None:
