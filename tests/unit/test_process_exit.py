@@ -6,12 +6,18 @@ shows whether the interpreter tore the process's objects down: a normal exit doe
 
 from __future__ import annotations
 
+import atexit
+import io
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
+
+from roll.utils import process_exit
 
 PROGRAM = """
 import atexit, concurrent.futures, os, sys, threading, time
@@ -99,3 +105,56 @@ def test_skipping_the_teardown_at_exit_runs_every_handler_in_the_normal_order(tm
     assert seen(tmp_path) == VISIBLE | {"atexit-last-registered"}
     last, first = (int((tmp_path / name).read_text()) for name in ("atexit-last-registered", "atexit-first-registered"))
     assert last < first
+
+
+class Ended(Exception):
+    """Stands for `os._exit` in this process, whose end the suite needs."""
+
+
+@pytest.fixture
+def steps(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The steps of an end, recorded instead of taken: threads joined, handlers run, the exit. The test patches the
+    streams itself (`record_flushes`): pytest puts its capture back on sys.stdout when a test's call starts."""
+    taken: list[object] = []
+
+    def exit_now(code: int) -> None:
+        taken.append(code)
+        raise Ended
+
+    monkeypatch.setattr(threading, "_shutdown", lambda: taken.append("threads"))
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: taken.append("atexit"))
+    monkeypatch.setattr(os, "_exit", exit_now)
+    return taken
+
+
+def record_flushes(monkeypatch: pytest.MonkeyPatch, taken: list[object]) -> None:
+    """sys.stdout records its flush; sys.stderr is closed, which an end leaves alone as a normal exit does."""
+
+    class Stream:
+        def flush(self) -> None:
+            taken.append("flush")
+
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", Stream())
+    monkeypatch.setattr(sys, "stderr", closed)
+
+
+def test_an_end_takes_the_steps_of_a_normal_exit_in_its_order(
+    steps: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In this process, with each step recorded: coverage.py cannot see the steps after its own exit handler in
+    the processes above."""
+    record_flushes(monkeypatch, steps)
+    with pytest.raises(Ended):
+        process_exit.end_process(5)
+    assert steps == ["threads", "atexit", "flush", 5]
+
+
+def test_the_exit_handler_runs_the_other_handlers_then_ends_with_status_0(
+    steps: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record_flushes(monkeypatch, steps)
+    with pytest.raises(Ended):
+        process_exit._end_at_exit()
+    assert steps == ["atexit", "flush", 0]
