@@ -49,9 +49,7 @@ def end_process(code: int) -> NoReturn:
     if shutdown_threads is None:
         sys.exit(code)
     shutdown_threads()
-    atexit._run_exitfuncs()
-    _flush_std_streams()
-    os._exit(code)
+    _run_handlers_then_exit(code)
 
 
 def skip_teardown_at_exit() -> None:
@@ -67,15 +65,17 @@ def skip_teardown_at_exit() -> None:
 def _end_at_exit() -> None:
     """The `atexit` handler of `skip_teardown_at_exit`: the other handlers, then the end of the process."""
     atexit.unregister(_end_at_exit)
+    _run_handlers_then_exit(0)
+
+
+def _run_handlers_then_exit(code: int) -> NoReturn:
+    """The steps both ends share once threads are joined: the `atexit` handlers, the flush of stdout and stderr
+    (a closed one, or one whose reader is gone, is left as a normal exit leaves it), `os._exit(code)`."""
     atexit._run_exitfuncs()
-    _flush_std_streams()
-    os._exit(0)
-
-
-def _flush_std_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
-        except (OSError, ValueError):  # closed, or its reader gone: a normal exit ignores these too
+        except (OSError, ValueError):
             pass
+    os._exit(code)
